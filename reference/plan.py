@@ -1,0 +1,804 @@
+"""Store and load plans: which chunks are stored, which hits are loaded.
+
+:class:`Planner` is driven by the same scheduler-side calls an engine makes on
+an offloading connector, in the same order (see ``docs/semantics.md`` and the
+conformance protocol):
+
+``new_request``  a request arrives.
+``lookup``       how many tokens past the GPU prefix hit can be loaded.
+``allocated``    the engine allocated blocks for the hit: build the load job.
+``step``         one scheduler step: update block tables, build store jobs.
+``job_done``     a worker finished a job (stores become visible on success).
+``reset``        the offload cache is reset.
+
+Every rule is written once, as a small function or method, in the order of
+the semantics page: request state (S), lookup (L), load (D), store (T).
+Blocks per chunk is per group throughout; with one value for all groups each
+rule is vLLM 0.33.0's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from reference.geometry import GroupKind
+from reference.jobs import LoadJob, StoreJob
+from reference.keys import boundary_key, group_keys
+from reference.knobs import Chunking, GroupChunking, supports_partial_tail
+from reference.mathutil import cdiv, round_down
+from reference.store import LookupResult
+
+# ---------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Engine settings that change plans but not chunk shapes."""
+
+    retention_interval: int | None = 0
+    """``prefix_cache_retention_interval``: 0 sparse (vLLM default), None dense, N > 0."""
+    offload_prompt_only: bool = True
+    prefix_caching: bool = True
+    """GPU prefix caching on: a hit whose chunks are still being loaded is deferred."""
+
+
+@dataclass(frozen=True)
+class BlockRef:
+    """A block the engine allocated for a request, as the load plan sees it."""
+
+    block_id: int
+    is_null: bool = False
+    has_block_hash: bool = False
+    """True when the block already holds hashed (GPU-cached) content."""
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """What one step tells the connector about one request."""
+
+    req_id: str
+    num_prompt_tokens: int
+    num_tokens: int
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+    block_hashes: tuple[bytes, ...]
+    new_block_ids: tuple[tuple[int, ...], ...] | None = None
+    """New block ids per KV-cache group (original index); None when unchanged."""
+    is_full_table: bool = False
+    """True for a new or resumed request: ``new_block_ids`` is its whole table."""
+    is_finished: bool = False
+    is_aborted: bool = False
+    shared_prefix_boundary: int = 0
+
+
+class ChunkIndex(Protocol):
+    """The part of a chunk store the planner talks to (see :mod:`reference.store`)."""
+
+    def lookup(self, key: bytes) -> LookupResult: ...
+
+    def prepare_store(self, keys: Sequence[bytes]) -> Sequence[bytes] | None:
+        """Keys it will store (held keys dropped), or None if it cannot allocate."""
+        ...
+
+    def prepare_load(self, keys: Sequence[bytes]) -> object: ...
+
+    def complete_store(self, keys: Sequence[bytes], success: bool = True) -> None: ...
+
+    def complete_load(self, keys: Sequence[bytes]) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+class UnsupportedChunking(ValueError):
+    """A configuration whose semantics the reference deliberately does not model."""
+
+
+# ---------------------------------------------------------------------------
+# (S) Request state
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _GroupState:
+    keys: list[bytes] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+    """The group's block table for the request; 0 is the null block."""
+    next_stored_chunk: int = 0
+
+
+@dataclass
+class _Request:
+    req_id: str
+    num_prompt_tokens: int
+    groups: tuple[_GroupState, ...]
+    max_load_tokens: int | None = None
+    max_offload_tokens: int | None = None
+    num_tokens: int = 0
+    block_hashes: tuple[bytes, ...] = ()
+    computed_tokens: int = 0
+    jobs: set[int] = field(default_factory=set)
+    finished: bool = False
+    finished_signaled: bool = False
+
+
+@dataclass
+class _Job:
+    req_id: str
+    keys: tuple[bytes, ...]
+    is_store: bool
+
+
+def _update_keys(chunking: Chunking, req: _Request) -> None:
+    """Keys are append-only: chunk i is keyed once its last hash unit is hashed."""
+    for gc, state in zip(chunking.groups, req.groups, strict=True):
+        keys = group_keys(req.block_hashes, gc)
+        if keys[: len(state.keys)] != state.keys:
+            raise ValueError(f"request {req.req_id}: block hashes changed under keyed chunks")
+        state.keys = keys
+
+
+# ---------------------------------------------------------------------------
+# (T) Store masks: which blocks can ever serve a hit
+# ---------------------------------------------------------------------------
+
+
+def sliding_window_blocks_for_hit(window: int, tokens_per_block: int, eagle: bool) -> int:
+    """Contiguous blocks a sliding-window hit needs at a boundary (+1 to peek for EAGLE)."""
+    return cdiv(window - 1, tokens_per_block) + (1 if eagle else 0)
+
+
+def reachable_block_mask(
+    gc: GroupChunking,
+    start_block: int,
+    end_block: int,
+    alignment_tokens: int | None,
+    retention_interval: int | None,
+    reachable_boundaries: Sequence[int],
+    final_segment_end_block: int | None,
+) -> list[bool] | None:
+    """Per-block reachability over ``[start_block, end_block)``; None = all reachable.
+
+    Full attention and chunked-local: every block.  Sliding window: the
+    ``need`` blocks before each segment boundary (segments are the alignment
+    span when dense, the retention interval when sparse), the final segment's
+    tail, and the tail before each reachable boundary.  Mamba (non-align):
+    one state per segment plus one per reachable boundary.
+    """
+    g = gc.group
+    tpb = g.tokens_per_block
+    if g.kind is GroupKind.SLIDING_WINDOW:
+        assert g.sliding_window is not None
+        if alignment_tokens is None or alignment_tokens % tpb:
+            return None  # the mask is block-granular; fall back to dense
+        window = g.sliding_window + g.extra_retained_tokens
+        need = sliding_window_blocks_for_hit(window, tpb, g.is_eagle)
+        shift = 1 if g.is_eagle else 0
+        mask = [False] * (end_block - start_block)
+        segment = (
+            alignment_tokens
+            if retention_interval is None
+            else (None if retention_interval == 0 else retention_interval)
+        )
+        if segment is not None:
+            per_segment = segment // tpb
+            if need >= per_segment:
+                return None
+            for i in range(start_block, end_block):
+                if i >= shift and (i - shift) % per_segment >= per_segment - need:
+                    mask[i - start_block] = True
+            if final_segment_end_block is not None and not g.is_eagle:
+                tail = final_segment_end_block % per_segment
+                if tail:
+                    lo = max(final_segment_end_block - tail, final_segment_end_block - need)
+                    for i in range(max(start_block, lo), min(end_block, final_segment_end_block)):
+                        mask[i - start_block] = True
+        if retention_interval is not None:
+            for boundary in reachable_boundaries:
+                end = round_down(boundary, alignment_tokens) // tpb + shift
+                for j in range(max(start_block, end - need), min(end_block, end)):
+                    mask[j - start_block] = True
+        return mask
+    if g.kind is GroupKind.MAMBA:
+        if retention_interval is None or alignment_tokens is None:
+            return None
+        mask = [False] * (end_block - start_block)
+        if retention_interval:
+            per_segment = retention_interval // tpb
+            if per_segment <= 1:
+                return None
+            first = (start_block + per_segment) // per_segment * per_segment - 1
+            for i in range(first - start_block, len(mask), per_segment):
+                mask[i] = True
+        for boundary in reachable_boundaries:
+            block = round_down(boundary, alignment_tokens) // tpb - 1
+            if start_block <= block < end_block:
+                mask[block - start_block] = True
+        return mask
+    return None
+
+
+# ---------------------------------------------------------------------------
+# The planner
+# ---------------------------------------------------------------------------
+
+
+class Planner:
+    """Scheduler-side offloading semantics for one engine, one chunk store."""
+
+    def __init__(
+        self,
+        chunking: Chunking,
+        store: ChunkIndex,
+        policy: Policy = Policy(),
+        num_workers: int = 1,
+    ) -> None:
+        if supports_partial_tail(chunking):
+            raise UnsupportedChunking(
+                "this chunking enables vLLM's partial tails (sub-chunk Mamba-align hits: "
+                "blocks_per_chunk 1, one block size, a Mamba-align group wider than the "
+                "hash unit); the reference does not model them"
+            )
+        self.chunking = chunking
+        self.store = store
+        self.policy = policy
+        self.num_workers = num_workers
+        full = [i for i, gc in enumerate(chunking.groups) if gc.window_in_chunks is None]
+        windowed = [i for i, gc in enumerate(chunking.groups) if gc.window_in_chunks is not None]
+        windowed.sort(key=lambda i: chunking.groups[i].window_in_chunks or 0, reverse=True)
+        self._full = tuple(full)
+        self._windowed = tuple(windowed)
+        self._lookup_order = self._full + self._windowed
+        self._requests: dict[str, _Request] = {}
+        self._jobs: dict[int, _Job] = {}
+        self._next_job_id = 0
+        self._stale_below = 0
+        self._being_loaded: set[bytes] | None = set() if policy.prefix_caching else None
+        self._step_allocated: set[int] = set()
+        self._step_loads: list[LoadJob] = []
+
+    # -- bookkeeping ------------------------------------------------------
+
+    def _job_id(self) -> int:
+        self._next_job_id += 1
+        return self._next_job_id - 1
+
+    def new_request(
+        self,
+        req_id: str,
+        num_prompt_tokens: int,
+        max_load_tokens: int | None = None,
+        max_offload_tokens: int | None = None,
+    ) -> None:
+        self._requests[req_id] = _Request(
+            req_id=req_id,
+            num_prompt_tokens=num_prompt_tokens,
+            groups=tuple(_GroupState() for _ in self.chunking.groups),
+            max_load_tokens=max_load_tokens,
+            max_offload_tokens=max_offload_tokens,
+        )
+
+    def pending_jobs(self, req_id: str) -> frozenset[int]:
+        req = self._requests.get(req_id)
+        return frozenset(req.jobs) if req else frozenset()
+
+    # -- (L) lookup -------------------------------------------------------
+
+    def lookup(
+        self,
+        req_id: str,
+        block_hashes: Sequence[bytes],
+        num_tokens: int,
+        computed_tokens: int,
+        max_num_new_tokens: int | None = None,
+        skip_reading_prefix_cache: bool = False,
+    ) -> int | None:
+        """Tokens past ``computed_tokens`` loadable from the store; None = ask again later."""
+        req = self._requests[req_id]
+        for state in req.groups:
+            state.block_ids.clear()
+            state.next_stored_chunk = 0  # restarting at token 0: offer every chunk again
+        if req.jobs:
+            return None
+        req.block_hashes = tuple(block_hashes)
+        req.num_tokens = num_tokens
+        _update_keys(self.chunking, req)
+        req.computed_tokens = computed_tokens
+        if skip_reading_prefix_cache:
+            return 0
+        return self._lookup_complete_chunks(req, max_num_new_tokens)
+
+    def _prefix_run(self, keys: Sequence[bytes]) -> int | None:
+        """Chunks hit consecutively from the first; None if one is still being written."""
+        hits, pending = 0, False
+        for key in keys:
+            result = self.store.lookup(key)
+            if result is LookupResult.MISS:
+                break
+            hits += 1
+            pending |= result is LookupResult.HIT_PENDING
+        return None if pending else hits
+
+    def _window_run(self, keys: Sequence[bytes], window: int, initial: int) -> int | None:
+        """End (in ``keys``) of the rightmost run of ``window`` hits, scanning right to left.
+
+        The rightmost run may need ``initial`` >= ``window`` chunks (an unaligned
+        end reaches one chunk further).  With no full run, a run that starts at
+        ``keys[0]`` counts: the window before it is on the GPU.
+        """
+        pending, run, required = False, 0, initial or window
+        for idx in range(len(keys) - 1, -1, -1):
+            result = self.store.lookup(keys[idx])
+            if result is LookupResult.MISS:
+                run, pending, required = 0, False, window
+            else:
+                run += 1
+                pending |= result is LookupResult.HIT_PENDING
+            if run == required:
+                return None if pending else idx + required
+        return None if pending else run
+
+    def _lookup_complete_chunks(self, req: _Request, max_num_new_tokens: int | None) -> int | None:
+        groups = self.chunking.groups
+        computed = req.computed_tokens
+        limit = req.num_tokens
+        if max_num_new_tokens is not None:
+            limit = min(limit, computed + max_num_new_tokens)
+        if req.max_load_tokens is not None:
+            limit = min(limit, computed + req.max_load_tokens)
+        if self._windowed:
+            limit -= 1  # the last token is always recomputed
+            if self.chunking.mamba_align_tokens is not None:
+                limit = round_down(limit, self.chunking.mamba_align_tokens)
+
+        hit, defer = 0, False
+        todo: tuple[int, ...] = self._lookup_order
+        eagle_verified: set[int] = set()
+        while todo:
+            looked_up_window = False
+            current, todo = todo, ()
+            for i in current:
+                gc, state = groups[i], req.groups[i]
+                tpc, keys = gc.tokens_per_chunk, state.keys
+                eagle = gc.group.is_eagle and i not in eagle_verified
+                limit = min(limit, len(keys) * tpc)
+                if req.max_load_tokens is not None:
+                    limit = round_down(limit, tpc)
+                if limit - computed < tpc:
+                    return 0
+                query_end = min(limit + tpc, len(keys) * tpc) if eagle else limit
+                num_chunks = min(cdiv(query_end, tpc), len(keys))
+                first = computed // tpc
+                window_keys = keys[first:num_chunks]
+                found: int | None
+                if gc.window_in_chunks is None:
+                    found = self._prefix_run(window_keys)
+                else:
+                    candidate_end = min(limit, (num_chunks - int(eagle)) * tpc)
+                    initial = gc.load_window_in_chunks(candidate_end)
+                    assert initial is not None
+                    found = self._window_run(
+                        window_keys, gc.window_in_chunks + int(eagle), initial + int(eagle)
+                    )
+                if found == 0:
+                    return 0
+                if found is None:
+                    defer = True
+                else:
+                    if eagle:
+                        found -= 1  # the EAGLE group's trailing chunk was only a peek
+                        eagle_verified.add(i)
+                    limit = min(limit, tpc * (first + found))
+                new_hit = limit - computed
+                if new_hit < tpc:
+                    return 0
+                if new_hit < hit:
+                    if not gc.group.is_eagle:
+                        eagle_verified.clear()
+                    if defer:
+                        defer = False
+                        todo = self._lookup_order
+                    elif looked_up_window and not todo:
+                        todo = self._windowed
+                looked_up_window |= gc.window_in_chunks is not None
+                hit = new_hit
+        if defer:
+            return None
+        if self._being_loaded:
+            end = computed + hit
+            for gc, state in zip(groups, req.groups, strict=True):
+                window = gc.load_window_in_chunks(end)
+                keys = state.keys[computed // gc.tokens_per_chunk : cdiv(end, gc.tokens_per_chunk)]
+                if window is not None:
+                    keys = keys[-window:]
+                if any(k in self._being_loaded for k in keys):
+                    return None
+        return hit
+
+    # -- (D) load ---------------------------------------------------------
+
+    def allocated(
+        self,
+        req_id: str,
+        blocks: Sequence[Sequence[BlockRef]],
+        num_external_tokens: int,
+    ) -> LoadJob | None:
+        """The engine allocated blocks (per KV-cache group, original index) for the hit.
+
+        Returns the load job, or None when nothing comes from the store.
+        """
+        for group_blocks in blocks:
+            self._step_allocated.update(b.block_id for b in group_blocks if not b.is_null)
+        if num_external_tokens == 0:
+            return None
+        req = self._requests[req_id]
+        computed = req.computed_tokens
+        end = computed + num_external_tokens
+        keys: list[bytes] = []
+        block_ids: list[int] = []
+        group_sizes: list[int] = []
+        block_indices: list[int] = []
+        for gc, state in zip(self.chunking.groups, req.groups, strict=True):
+            table = blocks[gc.group.index]
+            tpb, bpc = gc.group.tokens_per_block, gc.blocks_per_chunk
+            num_blocks = cdiv(end, tpb)
+            if len(table) < num_blocks or computed % tpb:
+                raise ValueError(f"request {req_id}: block table too short for the load")
+            # The load starts at the first fresh (non-null, unhashed) block past the GPU hit.
+            start = next(
+                (
+                    i
+                    for i in range(cdiv(computed, tpb), num_blocks)
+                    if not table[i].is_null and not table[i].has_block_hash
+                ),
+                num_blocks,
+            )
+            pending = num_blocks - start
+            if gc.window_in_chunks is not None and pending > gc.window_in_chunks * bpc + 1:
+                raise ValueError(f"request {req_id}: window load larger than the window")
+            num_chunks = cdiv(end, gc.tokens_per_chunk)
+            if pending:
+                keys.extend(state.keys[start // bpc : num_chunks])
+            block_ids.extend(b.block_id for b in table[start:num_blocks])
+            group_sizes.append(pending)
+            block_indices.append(start)
+            state.next_stored_chunk = num_chunks  # loaded chunks are not stored again
+        self.store.prepare_load(keys)
+        job = LoadJob(
+            req_id=req_id,
+            computed_tokens=computed,
+            hit_tokens=num_external_tokens,
+            keys=tuple(keys),
+            block_ids=tuple(block_ids),
+            group_sizes=tuple(group_sizes),
+            block_indices=tuple(block_indices),
+        )
+        job_id = self._job_id()
+        req.jobs.add(job_id)
+        self._jobs[job_id] = _Job(req_id, tuple(keys), is_store=False)
+        if self._being_loaded is not None:
+            self._being_loaded.update(keys)
+        self._step_loads.append(job)
+        return job
+
+    # -- (T) one scheduler step -----------------------------------------------
+
+    def step(
+        self,
+        scheduled: Sequence[ScheduledRequest],
+        finished: Sequence[ScheduledRequest] = (),
+        block_copy_dst_ids: Sequence[int] = (),
+        boundary_handoffs: Mapping[str, Sequence[tuple[int, int, int]]] | None = None,
+    ) -> list[tuple[int, StoreJob]]:
+        """Update block tables and return this step's store jobs (with their job ids).
+
+        ``scheduled`` are the requests with tokens this step, ``finished`` those
+        that finished since the last step (in that order, as vLLM iterates).
+        ``boundary_handoffs`` maps a request to ``(group index, block id,
+        boundary tokens)`` Mamba-align states the engine hands over.
+        """
+        self._update_tables(scheduled, block_copy_dst_ids)
+        jobs = self._boundary_store_jobs(boundary_handoffs or {})
+        for info in (*scheduled, *finished):
+            if info.req_id not in self._requests:
+                continue
+            job = self._store_job(info)
+            if job is not None:
+                jobs.append(job)
+        for info in finished:
+            req = self._requests.get(info.req_id)
+            if req is None:
+                continue
+            req.finished_signaled = True
+            if not req.jobs:
+                del self._requests[info.req_id]
+        self._step_allocated = set()
+        self._step_loads = []
+        return jobs
+
+    def _refresh(self, req: _Request, info: ScheduledRequest) -> None:
+        req.block_hashes = info.block_hashes
+        req.num_tokens = info.num_tokens
+        req.finished = info.is_finished
+        _update_keys(self.chunking, req)
+
+    def _update_tables(
+        self, scheduled: Sequence[ScheduledRequest], block_copy_dst_ids: Sequence[int]
+    ) -> None:
+        """Extend block tables; null out windowed entries whose block was reused this step."""
+        old_ends: dict[str, tuple[int, ...]] = {}
+        for info in scheduled:
+            req = self._requests.get(info.req_id)
+            if req is None:
+                continue
+            self._refresh(req, info)
+            if info.is_full_table:
+                for state in req.groups:
+                    state.block_ids.clear()
+            if info.new_block_ids:
+                old_ends[info.req_id] = tuple(len(req.groups[i].block_ids) for i in self._windowed)
+                for gc, state in zip(self.chunking.groups, req.groups, strict=True):
+                    new = info.new_block_ids[gc.group.index]
+                    state.block_ids.extend(new)
+                    self._step_allocated.update(b for b in new if b)
+        self._step_allocated.update(block_copy_dst_ids)
+        if not (self._windowed and self._step_allocated):
+            return
+        for req_id, req in self._requests.items():
+            ends = old_ends.get(req_id)
+            for n, i in enumerate(self._windowed):
+                state = req.groups[i]
+                bpc = self.chunking.groups[i].blocks_per_chunk
+                end = ends[n] if ends is not None else len(state.block_ids)
+                for j in range(state.next_stored_chunk * bpc, end):
+                    if state.block_ids[j] in self._step_allocated:
+                        state.block_ids[j] = 0
+
+    def _offloadable(self, req: _Request, num_tokens: int) -> int:
+        n = min(num_tokens, req.num_tokens)
+        if req.max_offload_tokens is not None:
+            n = min(n, req.max_offload_tokens)
+        if self.policy.offload_prompt_only:
+            n = min(n, req.num_prompt_tokens)
+        return n
+
+    def _storable_chunks(self, req: _Request, i: int, offloadable: int) -> int:
+        """Complete chunks that are allocated, keyed, and (EAGLE, decoding) not the last."""
+        gc, state = self.chunking.groups[i], req.groups[i]
+        n = offloadable // gc.tokens_per_chunk
+        if gc.group.is_eagle and offloadable > req.num_prompt_tokens and not req.finished:
+            n = max(0, n - 1)
+        return min(n, len(state.block_ids) // gc.blocks_per_chunk, len(state.keys))
+
+    def _advance(self, req: _Request, offloadable: int) -> None:
+        for i, state in enumerate(req.groups):
+            state.next_stored_chunk = max(
+                state.next_stored_chunk, self._storable_chunks(req, i, offloadable)
+            )
+
+    def _final_tail_alignment_blocks(self, gc: GroupChunking) -> int | None:
+        a = self.chunking.alignment_tokens
+        g = gc.group
+        if a is None or g.is_eagle or g.kind is not GroupKind.SLIDING_WINDOW:
+            return None
+        if a % g.tokens_per_block:
+            return None
+        return a // g.tokens_per_block
+
+    def _store_job(self, info: ScheduledRequest) -> tuple[int, StoreJob] | None:
+        req = self._requests[info.req_id]
+        self._refresh(req, info)
+        if info.is_aborted:
+            after = info.num_computed_tokens
+        elif info.is_finished:
+            # The final sampled token's slot is never committed.
+            after = max(info.num_prompt_tokens, info.num_tokens - 1)
+        else:
+            after = info.num_computed_tokens + info.num_scheduled_tokens
+        offloadable = self._offloadable(req, after)
+        prompt_offloadable = self._offloadable(req, req.num_prompt_tokens)
+        retention = self.policy.retention_interval
+        boundaries: tuple[int, ...] = ()
+        if retention is not None:
+            boundaries = (req.num_prompt_tokens - 1,)
+            if info.shared_prefix_boundary:
+                boundaries += (info.shared_prefix_boundary,)
+
+        offered: list[bytes] = []
+        ranges: list[tuple[int, int]] = []
+        for i, (gc, state) in enumerate(zip(self.chunking.groups, req.groups, strict=True)):
+            bpc = gc.blocks_per_chunk
+            num_chunks = self._storable_chunks(req, i, offloadable)
+            start = state.next_stored_chunk
+            prompt_horizon = prompt_offloadable // gc.tokens_per_chunk
+            tail_blocks = self._final_tail_alignment_blocks(gc)
+            reconsider = (
+                req.finished
+                and num_chunks != prompt_horizon
+                and retention is None
+                and tail_blocks is not None
+            )
+            horizon: int | None
+            if retention is not None or gc.group.is_eagle:
+                horizon = None
+            elif req.finished:
+                horizon = num_chunks
+            elif num_chunks <= prompt_horizon:
+                horizon = prompt_horizon
+            else:
+                horizon = None  # a decode frontier is not a final boundary
+            if reconsider:
+                assert tail_blocks is not None
+                end_block = num_chunks * bpc
+                start = min(start, (end_block - end_block % tail_blocks) // bpc)
+            ranges.append((start, num_chunks))
+            if gc.group.kind is GroupKind.MAMBA_ALIGN or num_chunks <= start:
+                continue
+            mask = self._mask(gc, start, num_chunks, horizon, boundaries)
+            prompt_mask = (
+                self._mask(gc, start, num_chunks, prompt_horizon, boundaries)
+                if reconsider
+                else None
+            )
+            for k in range(start, num_chunks):
+                chunk = state.block_ids[k * bpc : (k + 1) * bpc]
+                local = slice((k - start) * bpc, (k - start + 1) * bpc)
+                if chunk[-1] == 0:
+                    continue  # the chunk's last block must be present
+                if (
+                    reconsider
+                    and k < state.next_stored_chunk
+                    and (prompt_mask is None or any(prompt_mask[local]))
+                ):
+                    continue  # already considered under the prompt horizon
+                if mask is not None and not any(mask[local]):
+                    continue  # no block of the chunk can serve a hit
+                if any(
+                    b == 0 and (mask is None or m)
+                    for b, m in zip(chunk, mask[local] if mask else [True] * bpc, strict=True)
+                ):
+                    continue  # a reachable null block would leave the chunk partly unwritten
+                offered.append(state.keys[k])
+
+        if not offered:
+            self._advance(req, offloadable)
+            return None
+        accepted = self.store.prepare_store(offered)
+        if accepted is None:
+            return None  # the store is full: retry next step
+        if not accepted:
+            self._advance(req, offloadable)
+            return None
+        to_store = set(accepted)
+        block_ids: list[int] = []
+        group_sizes: list[int] = []
+        block_indices: list[int] = []
+        for gc, state, (start, num_chunks) in zip(
+            self.chunking.groups, req.groups, ranges, strict=True
+        ):
+            bpc = gc.blocks_per_chunk
+            count, first = 0, None
+            for k in range(start, num_chunks):
+                if state.keys[k] not in to_store:
+                    continue
+                for j in range(k * bpc, (k + 1) * bpc):
+                    if state.block_ids[j] == 0:
+                        continue
+                    if first is None:
+                        first = j
+                    block_ids.append(state.block_ids[j])
+                    count += 1
+            group_sizes.append(count)
+            block_indices.append(first or 0)
+            state.next_stored_chunk = max(state.next_stored_chunk, num_chunks)
+        keys = tuple(k for k in offered if k in to_store)
+        job_id = self._job_id()
+        req.jobs.add(job_id)
+        self._jobs[job_id] = _Job(req.req_id, keys, is_store=True)
+        return job_id, StoreJob(
+            req_id=req.req_id,
+            keys=keys,
+            block_ids=tuple(block_ids),
+            group_sizes=tuple(group_sizes),
+            block_indices=tuple(block_indices),
+        )
+
+    def _mask(
+        self,
+        gc: GroupChunking,
+        start_chunk: int,
+        end_chunk: int,
+        horizon_chunks: int | None,
+        boundaries: Sequence[int],
+    ) -> list[bool] | None:
+        bpc = gc.blocks_per_chunk
+        return reachable_block_mask(
+            gc,
+            start_chunk * bpc,
+            end_chunk * bpc,
+            self.chunking.alignment_tokens,
+            self.policy.retention_interval,
+            boundaries,
+            horizon_chunks * bpc if horizon_chunks is not None else None,
+        )
+
+    def _boundary_store_jobs(
+        self, handoffs: Mapping[str, Sequence[tuple[int, int, int]]]
+    ) -> list[tuple[int, StoreJob]]:
+        """Mamba-align states handed over at chunk boundaries: one job per key."""
+        jobs: list[tuple[int, StoreJob]] = []
+        position = {gc.group.index: i for i, gc in enumerate(self.chunking.groups)}
+        for req_id, entries in handoffs.items():
+            req = self._requests.get(req_id)
+            if req is None:
+                continue
+            limit = self._offloadable(req, req.num_tokens)
+            for group_index, block_id, boundary in entries:
+                i = position.get(group_index)
+                if i is None:
+                    continue
+                gc = self.chunking.groups[i]
+                if block_id == 0 or boundary > limit or boundary % gc.tokens_per_chunk:
+                    continue
+                key = boundary_key(
+                    req.block_hashes, self.chunking.tokens_per_hash, group_index, boundary
+                )
+                accepted = self.store.prepare_store([key])
+                if not accepted:
+                    continue
+                sizes = [0] * len(self.chunking.groups)
+                indices = [0] * len(self.chunking.groups)
+                sizes[i] = 1
+                indices[i] = boundary // gc.group.tokens_per_block - 1
+                job_id = self._job_id()
+                req.jobs.add(job_id)
+                self._jobs[job_id] = _Job(req_id, (key,), is_store=True)
+                jobs.append(
+                    (
+                        job_id,
+                        StoreJob(req_id, (key,), (block_id,), tuple(sizes), tuple(indices)),
+                    )
+                )
+        return jobs
+
+    # -- completions and resets ---------------------------------------------
+
+    def job_done(self, job_id: int, success: bool = True) -> None:
+        """All workers reported ``job_id``; a failed store becomes visible to nobody."""
+        if job_id < self._stale_below:
+            return  # flushed by a reset
+        job = self._jobs.pop(job_id)
+        if job.is_store:
+            self.store.complete_store(job.keys, success)
+        else:
+            self.store.complete_load(job.keys)
+            if self._being_loaded:
+                self._being_loaded.difference_update(job.keys)
+        req = self._requests[job.req_id]
+        req.jobs.discard(job_id)
+        if req.finished_signaled and not req.jobs:
+            del self._requests[job.req_id]
+
+    def request_finished(self, req_id: str, block_hashes: Sequence[bytes] | None = None) -> None:
+        req = self._requests.get(req_id)
+        if req is not None and block_hashes is not None:
+            req.block_hashes = tuple(block_hashes)
+            _update_keys(self.chunking, req)
+
+    def reset(self) -> None:
+        """Reset the offload cache: every stored chunk and in-flight job is forgotten."""
+        for req_id, req in list(self._requests.items()):
+            if req.finished:
+                del self._requests[req_id]
+        self.store.reset()
+        for req in self._requests.values():
+            for state in req.groups:
+                state.next_stored_chunk = 0
+            req.jobs.clear()
+        self._stale_below = self._next_job_id
+        self._jobs.clear()
+        if self._being_loaded is not None:
+            self._being_loaded.clear()
