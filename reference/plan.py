@@ -28,7 +28,7 @@ from reference.jobs import LoadJob, StoreJob
 from reference.keys import boundary_key, group_keys
 from reference.knobs import Chunking, GroupChunking, supports_partial_tail
 from reference.mathutil import cdiv, round_down
-from reference.store import LookupResult
+from reference.store import LookupResult, StorePlan
 
 # ---------------------------------------------------------------------------
 # Inputs
@@ -80,8 +80,8 @@ class ChunkIndex(Protocol):
 
     def lookup(self, key: bytes) -> LookupResult: ...
 
-    def prepare_store(self, keys: Sequence[bytes]) -> Sequence[bytes] | None:
-        """Keys it will store (held keys dropped), or None if it cannot allocate."""
+    def prepare_store(self, keys: Sequence[bytes]) -> StorePlan | None:
+        """Slots for the keys not held yet, or None if it cannot allocate them all."""
         ...
 
     def prepare_load(self, keys: Sequence[bytes]) -> object: ...
@@ -666,13 +666,13 @@ class Planner:
         if not offered:
             self._advance(req, offloadable)
             return None
-        accepted = self.store.prepare_store(offered)
-        if accepted is None:
+        plan = self.store.prepare_store(offered)
+        if plan is None:
             return None  # the store is full: retry next step
-        if not accepted:
+        if not plan.keys_to_store:
             self._advance(req, offloadable)
             return None
-        to_store = set(accepted)
+        to_store = set(plan.keys_to_store)
         block_ids: list[int] = []
         group_sizes: list[int] = []
         block_indices: list[int] = []
@@ -746,8 +746,8 @@ class Planner:
                 key = boundary_key(
                     req.block_hashes, self.chunking.tokens_per_hash, group_index, boundary
                 )
-                accepted = self.store.prepare_store([key])
-                if not accepted:
+                plan = self.store.prepare_store([key])
+                if plan is None or not plan.keys_to_store:
                     continue
                 sizes = [0] * len(self.chunking.groups)
                 indices = [0] * len(self.chunking.groups)

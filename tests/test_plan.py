@@ -1,0 +1,218 @@
+"""Store and load plans of the reference, on random geometries (no vLLM).
+
+The sim engine (conformance.sim) allocates block tables, writes synthetic,
+prefix-determined KV bytes, and runs every job through reference.transfer, so
+these properties pin plans and bytes together.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from conformance.sim import SimEngine, first_needed_block
+from conformance.strategies import geometries
+from reference.geometry import Geometry, GroupKind, KVGroup
+from reference.keys import chunk_key, prefix_block_hashes
+from reference.knobs import BlocksPerChunk, Chunking, PerGroupBlocksPerChunk, resolve
+from reference.mathutil import cdiv
+from reference.plan import Policy, UnsupportedChunking, supports_partial_tail
+from reference.store import LookupResult
+
+prompts = st.lists(st.integers(0, 2), min_size=1, max_size=260)
+
+
+@st.composite
+def chunkings(draw: st.DrawFn) -> Chunking:
+    geometry = draw(geometries(max_groups=4))
+    if draw(st.booleans()):
+        knob = BlocksPerChunk(draw(st.integers(1, 4)))
+    else:
+        knob = PerGroupBlocksPerChunk.of(
+            {g.index: draw(st.integers(1, 4)) for g in geometry.groups}, default=1
+        )
+    retention = draw(st.sampled_from((0, None)))
+    try:
+        chunking = resolve(geometry, knob, retention_interval=retention)
+    except ValueError:
+        assume(False)
+        raise
+    assume(not supports_partial_tail(chunking))
+    return chunking
+
+
+def _policy(data: st.DataObject) -> Policy:
+    return Policy(retention_interval=data.draw(st.sampled_from((0, None))))
+
+
+@given(chunkings(), prompts, st.integers(1, 300), st.data())
+def test_round_trip_and_sound_hits(chunking: Chunking, tokens: list[int], budget: int, data: st.DataObject) -> None:
+    policy = _policy(data)
+    try:
+        resolve(chunking.geometry, BlocksPerChunk(1), policy.retention_interval)
+    except ValueError:
+        pass
+    sim = SimEngine(chunking, policy=policy)
+    failing = data.draw(st.sets(st.integers(0, 8), max_size=3))
+    sim.run_request("a", tokens, budget, fail_store=failing)
+    # A second request with a prefix of the first (or all of it) loads what was stored.
+    cut = data.draw(st.integers(1, len(tokens)))
+    second = tokens[:cut] + data.draw(st.lists(st.integers(0, 2), max_size=40))
+    hashes = prefix_block_hashes(second, chunking.tokens_per_hash)
+    ready_before = {k for k in sim.store.lru_order() if sim.store.lookup(k) is LookupResult.HIT}
+    before = [t.clone() for t in sim.gpu]
+    req = sim.run_request("b", second, budget)
+    load = req.loaded
+    if load is None:
+        return
+    hit = load.hit_tokens
+    assert 0 < hit < len(second) + (0 if any(gc.window_in_chunks for gc in chunking.groups) else 1)
+    # Sound hit: every chunk the hit needs was stored, completed, and never failed.
+    assert set(load.keys) <= ready_before
+    assert not set(load.keys) & sim.failed_store_keys
+    for gc in chunking.groups:
+        first_chunk = first_needed_block(gc, hit) // gc.blocks_per_chunk if gc.window_in_chunks else 0
+        for k in range(first_chunk, cdiv(hit, gc.tokens_per_chunk)):
+            assert chunk_key(hashes, gc, k) in ready_before, (gc.group.describe(), k, hit)
+    # A hit never reaches past the prefix the two requests share.
+    common = next((i for i, (x, y) in enumerate(zip(tokens, second)) if x != y), min(len(tokens), len(second)))
+    assert hit <= common
+    # Round trip: each loaded block holds exactly the bytes request "a" computed there.
+    first_req = sim.requests["a"]
+    loaded_rows: dict[int, set[int]] = {}
+    offset = 0
+    for i, (gc, n, first) in enumerate(zip(chunking.groups, load.group_sizes, load.block_indices, strict=True)):
+        for j in range(n):
+            block = load.block_ids[offset + j]
+            position = first + j
+            assert req.tables[gc.group.index][position] == block
+            for layer in range(gc.group.num_layers):
+                t = sim.tensor_of[(i, layer)]
+                loaded_rows.setdefault(t, set()).add(block)
+                assert req.after_load is not None
+                got = bytes(req.after_load[t][block].tolist())
+                assert got == sim.expected_block(first_req, i, layer, position), (gc.group.describe(), position)
+                if (position + 1) * gc.group.tokens_per_block <= hit:
+                    assert got == sim.expected_block(req, i, layer, position)
+        offset += n
+    assert offset == len(load.block_ids)
+    # No block outside the load plan changed during the load.
+    for t, (old, new) in enumerate(zip(before, sim.gpu, strict=True)):
+        for row in range(1, min(old.shape[0], sim.next_block)):
+            if row not in loaded_rows.get(t, set()) and not any(
+                row in table for table in req.tables.values()
+            ):
+                assert torch.equal(old[row], new[row])
+
+
+@given(chunkings(), prompts, st.integers(1, 300), st.data())
+def test_store_jobs_are_well_formed(chunking: Chunking, tokens: list[int], budget: int, data: st.DataObject) -> None:
+    sim = SimEngine(chunking, policy=_policy(data))
+    jobs = []
+    original = sim.planner.step
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        out = original(*args, **kwargs)
+        jobs.extend(out)
+        return out
+
+    sim.planner.step = spy  # type: ignore[method-assign]
+    req = sim.run_request("a", tokens, budget)
+    hashes = prefix_block_hashes(tokens, chunking.tokens_per_hash)
+    seen: set[bytes] = set()
+    for _, job in jobs:
+        assert sum(job.group_sizes) == len(job.block_ids)
+        assert len(job.group_sizes) == len(chunking.groups)
+        assert not set(job.keys) & seen  # never stored twice
+        seen.update(job.keys)
+        offset = 0
+        key_iter = iter(job.keys)
+        for gc, n, first in zip(chunking.groups, job.group_sizes, job.block_indices, strict=True):
+            bpc = gc.blocks_per_chunk
+            blocks = job.block_ids[offset : offset + n]
+            offset += n
+            if not n:
+                continue
+            table = req.tables[gc.group.index]
+            chunks = sorted({table.index(b) // bpc for b in blocks})
+            assert table.index(blocks[0]) == first
+            for k in chunks:
+                key = next(key_iter)
+                assert key == chunk_key(hashes, gc, k)
+                assert (k + 1) * gc.tokens_per_chunk <= len(tokens)  # complete prompt chunks only
+                # A full-attention chunk is stored whole.
+                if gc.window_in_chunks is None:
+                    assert all(table[j] in blocks for j in range(k * bpc, (k + 1) * bpc))
+
+
+def test_partial_tail_chunkings_are_refused() -> None:
+    g = Geometry((KVGroup(0, GroupKind.FULL, 64), KVGroup(1, GroupKind.MAMBA_ALIGN, 64)), 16)
+    chunking = resolve(g, BlocksPerChunk(1))
+    assert supports_partial_tail(chunking)
+    try:
+        SimEngine(chunking)
+    except UnsupportedChunking as err:
+        assert "partial tails" in str(err)
+    else:
+        raise AssertionError("expected UnsupportedChunking")
+
+
+# --- worked example, ../shared/design/vllm-0.33-offload-semantics.md §7 ---------
+
+FA64_SW128 = Geometry(
+    (KVGroup(0, GroupKind.FULL, 64, 64), KVGroup(1, GroupKind.SLIDING_WINDOW, 16, 64, sliding_window=128)),
+    tokens_per_hash=16,
+)
+
+
+def _positions(sim: SimEngine, group: int, blocks: tuple[int, ...]) -> list[int]:
+    table = next(r for r in sim.requests.values()).tables[group]
+    return [table.index(b) for b in blocks]
+
+
+def _first_store(retention: int | None, budget: int) -> list:  # type: ignore[type-arg]
+    sim = SimEngine(resolve(FA64_SW128, BlocksPerChunk(2), retention), policy=Policy(retention_interval=retention))
+    jobs = []
+    original = sim.planner.step
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        out = original(*args, **kwargs)
+        jobs.append(out)
+        return out
+
+    sim.planner.step = spy  # type: ignore[method-assign]
+    sim.run_request("a", list(range(300)), budget)
+    return [(sim, job) for step in jobs for _, job in step]
+
+
+def test_worked_example_7_1_store_sparse() -> None:
+    (sim, job), = _first_store(0, 300)
+    assert job.group_sizes == (4, 8) and job.block_indices == (0, 8)
+    assert _positions(sim, 0, job.block_ids[:4]) == [0, 1, 2, 3]
+    assert _positions(sim, 1, job.block_ids[4:]) == list(range(8, 16))
+    h = prefix_block_hashes(list(range(300)), 16)
+    assert [k[:-4] for k in job.keys] == [h[7], h[15], h[9], h[11], h[13], h[15]]
+
+
+def test_worked_example_7_2_store_dense() -> None:
+    (_, job), = _first_store(None, 300)
+    assert job.group_sizes == (4, 18) and job.block_indices == (0, 0)
+    assert len(job.keys) == 11
+
+
+def test_worked_example_7_3_chunked_prefill() -> None:
+    jobs = [job for _, job in _first_store(0, 100)]
+    assert [(j.group_sizes, j.block_indices) for j in jobs] == [((2, 4), (0, 8)), ((2, 4), (2, 12))]
+    dense = [job for _, job in _first_store(None, 100)]
+    assert [j.group_sizes for j in dense] == [(0, 6), (2, 6), (2, 6)]
+
+
+def test_worked_example_7_4_reload() -> None:
+    chunking = resolve(FA64_SW128, BlocksPerChunk(2))
+    sim = SimEngine(chunking)
+    sim.run_request("a", list(range(300)), 300)
+    req = sim.run_request("b", list(range(300)), 300)
+    assert req.loaded is not None
+    assert req.loaded.hit_tokens == 256
+    assert req.loaded.group_sizes == (4, 8) and req.loaded.block_indices == (0, 8)

@@ -1,0 +1,582 @@
+"""reference.transfer: the block <-> chunk-slot byte mapping and its executors.
+
+The oracle below is the specification read literally: one Python loop per block
+and ref, byte slices, no tensor tricks.  The properties compare the vectorized
+code against it on random layouts, jobs and contents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import reference.transfer as transfer_module
+from reference.transfer import (
+    TensorRef,
+    TransferLayout,
+    gather,
+    plan_copies,
+    scatter,
+)
+
+# ---------------------------------------------------------------------------
+# The oracle
+# ---------------------------------------------------------------------------
+
+Copy = tuple[int, int, int, int, int]
+"""(tensor, gpu block id, slot id, byte offset in slot, nbytes)."""
+
+
+@dataclass(frozen=True)
+class Job:
+    block_ids: tuple[int, ...]
+    group_sizes: tuple[int, ...]
+    block_indices: tuple[int, ...]
+    slot_ids: tuple[int, ...]
+
+    def args(self) -> tuple[list[int], list[int], list[int], list[int]]:
+        return (
+            list(self.block_ids),
+            list(self.group_sizes),
+            list(self.block_indices),
+            list(self.slot_ids),
+        )
+
+
+def oracle_copies(layout: TransferLayout, job: Job) -> list[Copy]:
+    """Every byte-range copy the job makes, one block and one ref at a time."""
+    pages = layout.page_bytes
+    copies: list[Copy] = []
+    next_block = next_slot = 0
+    for g, (n, first) in enumerate(zip(job.group_sizes, job.block_indices, strict=True)):
+        if n == 0:
+            continue
+        b = layout.blocks_per_chunk[g]
+        skip = first % b
+        for k in range(n):
+            block = job.block_ids[next_block + k]
+            slot = job.slot_ids[next_slot + (k + skip) // b]
+            sub = (k + skip) % b
+            for ref in layout.group_refs[g]:
+                t = ref.tensor_index
+                offset = sum(pages[:t]) * b + sub * pages[t]
+                copies.append((t, block, slot, offset, ref.nbytes))
+        next_block += n
+        next_slot += -(-(n + skip) // b)
+    assert next_block == len(job.block_ids) and next_slot == len(job.slot_ids)
+    return copies
+
+
+def oracle_gather(layout: TransferLayout, gpu: list[torch.Tensor], pool: torch.Tensor, job: Job):
+    out = pool.clone()
+    for t, block, slot, offset, nbytes in oracle_copies(layout, job):
+        out[slot, offset : offset + nbytes] = gpu[t][block, :nbytes]
+    return out
+
+
+def oracle_scatter(layout: TransferLayout, gpu: list[torch.Tensor], pool: torch.Tensor, job: Job):
+    out = [g.clone() for g in gpu]
+    for t, block, slot, offset, nbytes in oracle_copies(layout, job):
+        out[t][block, :nbytes] = pool[slot, offset : offset + nbytes]
+    return out
+
+
+def planned_copies(layout: TransferLayout, job: Job) -> list[Copy]:
+    plan = plan_copies(layout, *job.args())
+    assert [c.tensor_index for c in plan] == list(range(layout.num_tensors))
+    rows: list[Copy] = []
+    for c in plan:
+        assert c.page_bytes == layout.page_bytes[c.tensor_index]
+        n = c.num_copies
+        for name in ("block_ids", "slot_ids", "sub_slots", "slot_offsets", "nbytes"):
+            tensor = getattr(c, name)
+            assert tensor.dtype == torch.int64 and tensor.shape == (n,), name
+        # runs partition the rows, and agree with the per-row tensors
+        bounds = [0, *(r.stop for r in c.runs)]
+        assert [(r.start, r.stop) for r in c.runs] == list(zip(bounds, bounds[1:], strict=False))
+        assert bounds[-1] == n and all(r.start < r.stop for r in c.runs)
+        for r in c.runs:
+            rows_ = slice(r.start, r.stop)
+            assert bool((c.nbytes[rows_] == r.nbytes).all())
+            expected = r.region_offset + c.sub_slots[rows_] * c.page_bytes
+            assert torch.equal(c.slot_offsets[rows_], expected)
+            assert bool((c.sub_slots[rows_] < r.blocks_per_chunk).all())
+        rows += zip(
+            [c.tensor_index] * n,
+            c.block_ids.tolist(),
+            c.slot_ids.tolist(),
+            c.slot_offsets.tolist(),
+            c.nbytes.tolist(),
+            strict=True,
+        )
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# Strategies
+# ---------------------------------------------------------------------------
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> TransferLayout:
+    num_tensors = draw(st.integers(1, 4))
+    pages = tuple(draw(st.integers(1, 64)) * 8 for _ in range(num_tensors))
+    num_groups = draw(st.integers(1, 4))
+    group_refs = []
+    for _ in range(num_groups):
+        tensors = draw(st.lists(st.sampled_from(range(num_tensors)), min_size=1, unique=True))
+        refs = []
+        for t in tensors:
+            nbytes = draw(
+                st.one_of(
+                    st.just(pages[t]),
+                    st.integers(1, pages[t] // 8).map(lambda w: w * 8),
+                    st.integers(1, pages[t]),
+                )
+            )
+            refs.append(TensorRef(t, nbytes))
+        group_refs.append(tuple(refs))
+    bpc = tuple(draw(st.integers(1, 5)) for _ in range(num_groups))
+    return TransferLayout(pages, tuple(group_refs), bpc)
+
+
+@dataclass(frozen=True)
+class Case:
+    layout: TransferLayout
+    job: Job
+    num_blocks: int
+    num_slots: int
+    seed: int
+
+
+@st.composite
+def cases(draw: st.DrawFn, max_blocks_per_group: int = 12) -> Case:
+    layout = draw(layouts())
+    sizes, indices, chunks = [], [], []
+    for b in layout.blocks_per_chunk:
+        n = draw(st.integers(0, max_blocks_per_group))
+        skip = draw(st.integers(0, b - 1))
+        index = skip + b * draw(st.integers(0, 3))
+        if n == 0:
+            index = draw(st.sampled_from([0, index]))  # ignored; vLLM writes 0 or the end
+        sizes.append(n)
+        indices.append(index)
+        chunks.append(-(-(n + skip) // b) if n else 0)
+    num_blocks = sum(sizes) + draw(st.integers(0, 6))
+    num_slots = sum(chunks) + draw(st.integers(0, 4))
+    block_ids = draw(st.permutations(range(num_blocks)))[: sum(sizes)]
+    slot_ids = draw(st.permutations(range(num_slots)))[: sum(chunks)]
+    job = Job(tuple(block_ids), tuple(sizes), tuple(indices), tuple(slot_ids))
+    return Case(layout, job, num_blocks, num_slots, draw(st.integers(0, 2**31 - 1)))
+
+
+@contextmanager
+def batch_bytes(n: int) -> Iterator[None]:
+    """Run with the executors moving at most ``n`` bytes per batch (1: one row at a time)."""
+    saved = transfer_module.BATCH_BYTES
+    transfer_module.BATCH_BYTES = n
+    try:
+        yield
+    finally:
+        transfer_module.BATCH_BYTES = saved
+
+
+BATCHES = st.sampled_from([transfer_module.BATCH_BYTES, 1, 100, 1000])
+
+
+def random_bytes(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    return torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen)
+
+
+@dataclass
+class Tensors:
+    gpu: list[torch.Tensor]
+    pool: torch.Tensor
+    backing: list[torch.Tensor]
+    """Storage the views above live in (gpu..., pool); bytes outside the views stay untouched."""
+    gpu_starts: list[int]
+    pool_start: int
+
+    def snapshot(self) -> list[torch.Tensor]:
+        return [b.clone() for b in self.backing]
+
+    def unchanged_since(self, snap: list[torch.Tensor]) -> bool:
+        return all(torch.equal(a, b) for a, b in zip(self.backing, snap, strict=True))
+
+
+def make_tensors(case: Case, gen: torch.Generator, padded: bool, device: str = "cpu") -> Tensors:
+    """Random canonical tensors and pool; with ``padded``, strided views into wider rows."""
+    layout = case.layout
+    gpu, backing, starts = [], [], []
+    for page in layout.page_bytes:
+        pad = 8 * int(torch.randint(1, 4, (1,), generator=gen)) if padded else 0
+        full = random_bytes((case.num_blocks, page + pad), gen).to(device)
+        start = 8 * int(torch.randint(0, pad // 8 + 1, (1,), generator=gen)) if padded else 0
+        backing.append(full)
+        starts.append(start)
+        gpu.append(full[:, start : start + page])
+    slot_bytes = layout.slot_bytes
+    pool_start = 8 if padded else 0
+    full_pool = random_bytes((case.num_slots, slot_bytes + 2 * pool_start), gen)
+    backing.append(full_pool)
+    pool = full_pool[:, pool_start : pool_start + slot_bytes]
+    return Tensors(gpu, pool, backing, starts, pool_start)
+
+
+# ---------------------------------------------------------------------------
+# Properties
+# ---------------------------------------------------------------------------
+
+
+@given(cases())
+def test_plan_matches_oracle(case: Case) -> None:
+    assert sorted(planned_copies(case.layout, case.job)) == sorted(
+        oracle_copies(case.layout, case.job)
+    )
+
+
+def _pool_backing_with(ts: Tensors, case: Case, before: torch.Tensor, pool: torch.Tensor):
+    """The pool's backing storage as ``before``, with the pool view's bytes set to ``pool``."""
+    out = before.clone()
+    out[:, ts.pool_start : ts.pool_start + case.layout.slot_bytes] = pool
+    return out
+
+
+def _gpu_backing_with(ts: Tensors, t: int, before: torch.Tensor, rows: torch.Tensor):
+    out = before.clone()
+    start = ts.gpu_starts[t]
+    out[:, start : start + rows.shape[1]] = rows
+    return out
+
+
+@given(cases(), st.booleans(), BATCHES)
+def test_gather_writes_exactly_the_oracle_bytes(case: Case, padded: bool, batch: int) -> None:
+    gen = torch.Generator().manual_seed(case.seed)
+    ts = make_tensors(case, gen, padded)
+    expected_pool = oracle_gather(case.layout, ts.gpu, ts.pool, case.job)
+    before = ts.snapshot()
+    with batch_bytes(batch):
+        gather(case.layout, ts.gpu, ts.pool, *case.job.args())
+    # every pool byte is the oracle's, padding around the pool view and the sources untouched
+    assert torch.equal(ts.backing[-1], _pool_backing_with(ts, case, before[-1], expected_pool))
+    assert all(torch.equal(a, b) for a, b in zip(ts.backing[:-1], before[:-1], strict=True))
+
+
+@given(cases(), st.booleans(), BATCHES)
+def test_scatter_writes_exactly_the_oracle_bytes(case: Case, padded: bool, batch: int) -> None:
+    gen = torch.Generator().manual_seed(case.seed)
+    ts = make_tensors(case, gen, padded)
+    expected = oracle_scatter(case.layout, ts.gpu, ts.pool, case.job)
+    before = ts.snapshot()
+    with batch_bytes(batch):
+        scatter(case.layout, ts.gpu, ts.pool, *case.job.args())
+    for t, rows in enumerate(expected):
+        assert torch.equal(ts.backing[t], _gpu_backing_with(ts, t, before[t], rows))
+    assert torch.equal(ts.backing[-1], before[-1])
+
+
+@given(cases(), st.booleans())
+def test_round_trip_restores_listed_bytes_only(case: Case, padded: bool) -> None:
+    """gather, then scatter the same job into a different cache: exactly the listed bytes move."""
+    gen = torch.Generator().manual_seed(case.seed)
+    src = make_tensors(case, gen, padded)
+    gather(case.layout, src.gpu, src.pool, *case.job.args())
+    dst = [random_bytes(tuple(g.shape), gen) for g in src.gpu]
+    expected = [d.clone() for d in dst]
+    for t, block, _slot, _offset, nbytes in oracle_copies(case.layout, case.job):
+        expected[t][block, :nbytes] = src.gpu[t][block, :nbytes]
+    scatter(case.layout, dst, src.pool, *case.job.args())
+    assert all(torch.equal(a, b) for a, b in zip(dst, expected, strict=True))
+
+
+# ---------------------------------------------------------------------------
+# Invalid inputs: ValueError, and nothing written
+# ---------------------------------------------------------------------------
+
+Mutation = Callable[[Case, Tensors], tuple[Job, list[torch.Tensor], torch.Tensor] | None]
+
+
+def _job(case: Case, **changes: tuple[int, ...]) -> Job:
+    fields = {
+        "block_ids": case.job.block_ids,
+        "group_sizes": case.job.group_sizes,
+        "block_indices": case.job.block_indices,
+        "slot_ids": case.job.slot_ids,
+    }
+    fields.update(changes)
+    return Job(**fields)
+
+
+def _with_gpu(ts: Tensors, t: int, tensor: torch.Tensor) -> list[torch.Tensor]:
+    gpu = list(ts.gpu)
+    gpu[t] = tensor
+    return gpu
+
+
+def _ok(case: Case, ts: Tensors, job: Job) -> tuple[Job, list[torch.Tensor], torch.Tensor]:
+    return job, list(ts.gpu), ts.pool
+
+
+MUTATIONS: dict[str, Mutation] = {
+    "gpu dtype int8": lambda c, ts: (c.job, _with_gpu(ts, 0, ts.gpu[0].view(torch.int8)), ts.pool),
+    "pool dtype int8": lambda c, ts: (c.job, list(ts.gpu), ts.pool.view(torch.int8)),
+    "gpu 1-D": lambda c, ts: (c.job, _with_gpu(ts, 0, ts.backing[0].view(-1)), ts.pool),
+    "pool 3-D": lambda c, ts: (c.job, list(ts.gpu), ts.backing[-1].unsqueeze(0)),
+    "gpu row width": lambda c, ts: (
+        c.job,
+        _with_gpu(ts, 0, torch.zeros(c.num_blocks, c.layout.page_bytes[0] + 8, dtype=torch.uint8)),
+        ts.pool,
+    ),
+    "pool row width": lambda c, ts: (
+        c.job,
+        list(ts.gpu),
+        torch.zeros(c.num_slots, c.layout.slot_bytes + 8, dtype=torch.uint8),
+    ),
+    "too few gpu tensors": lambda c, ts: (c.job, list(ts.gpu)[:-1], ts.pool),
+    "gpu tensors on two devices": lambda c, ts: (
+        (
+            c.job,
+            _with_gpu(ts, -1, torch.empty_like(ts.gpu[-1], device="meta")),
+            ts.pool,
+        )
+        if c.layout.num_tensors >= 2
+        else None
+    ),
+    "block id out of range": lambda c, ts: (
+        _ok(c, ts, _job(c, block_ids=(*c.job.block_ids[:-1], c.num_blocks)))
+        if c.job.block_ids
+        else None
+    ),
+    "negative block id": lambda c, ts: (
+        _ok(c, ts, _job(c, block_ids=(*c.job.block_ids[:-1], -1))) if c.job.block_ids else None
+    ),
+    "duplicate block id": lambda c, ts: (
+        _ok(c, ts, _job(c, block_ids=(*c.job.block_ids[:-1], c.job.block_ids[0])))
+        if len(c.job.block_ids) >= 2
+        else None
+    ),
+    "slot id out of range": lambda c, ts: (
+        _ok(c, ts, _job(c, slot_ids=(*c.job.slot_ids[:-1], c.num_slots)))
+        if c.job.slot_ids
+        else None
+    ),
+    "duplicate slot id": lambda c, ts: (
+        _ok(c, ts, _job(c, slot_ids=(*c.job.slot_ids[:-1], c.job.slot_ids[0])))
+        if len(c.job.slot_ids) >= 2
+        else None
+    ),
+    "extra block id": lambda c, ts: _ok(c, ts, _job(c, block_ids=(*c.job.block_ids, c.num_blocks))),
+    "missing block id": lambda c, ts: (
+        _ok(c, ts, _job(c, block_ids=c.job.block_ids[:-1])) if c.job.block_ids else None
+    ),
+    "extra slot id": lambda c, ts: _ok(c, ts, _job(c, slot_ids=(*c.job.slot_ids, c.num_slots))),
+    "missing slot id": lambda c, ts: (
+        _ok(c, ts, _job(c, slot_ids=c.job.slot_ids[:-1])) if c.job.slot_ids else None
+    ),
+    "group_sizes too long": lambda c, ts: _ok(c, ts, _job(c, group_sizes=(*c.job.group_sizes, 0))),
+    "block_indices too short": lambda c, ts: _ok(
+        c, ts, _job(c, block_indices=c.job.block_indices[:-1])
+    ),
+    "negative group size": lambda c, ts: _ok(
+        c, ts, _job(c, group_sizes=(-1, *c.job.group_sizes[1:]))
+    ),
+    "negative block index": lambda c, ts: _ok(
+        c, ts, _job(c, block_indices=(-1, *c.job.block_indices[1:]))
+    ),
+    "float block ids": lambda c, ts: (
+        _ok(c, ts, _job(c, block_ids=tuple(float(b) for b in c.job.block_ids)))
+        if c.job.block_ids
+        else None
+    ),
+}
+
+
+def check_rejected(direction: Callable[..., None], mutation: str, case: Case) -> bool:
+    """Apply ``mutation`` to a valid case: ValueError, and every tensor bitwise unchanged.
+
+    Returns False when the mutation does not apply to this case (e.g. needs two blocks).
+    """
+    ts = make_tensors(case, torch.Generator().manual_seed(case.seed), padded=False)
+    mutated = MUTATIONS[mutation](case, ts)
+    if mutated is None:
+        return False
+    job, gpu, pool = mutated
+    snap = ts.snapshot()
+    given_tensors = [t for t in [*gpu, pool] if t.device.type != "meta"]
+    given_before = [t.clone() for t in given_tensors]
+    with pytest.raises(ValueError):
+        direction(case.layout, gpu, pool, *job.args())
+    assert ts.unchanged_since(snap)
+    assert all(torch.equal(a, b) for a, b in zip(given_tensors, given_before, strict=True))
+    return True
+
+
+FIXED_CASE = Case(
+    TransferLayout((8, 16), ((TensorRef(0, 8),), (TensorRef(1, 9), TensorRef(0, 3))), (2, 3)),
+    Job(block_ids=(3, 1, 2), group_sizes=(1, 2), block_indices=(1, 4), slot_ids=(0, 1)),
+    num_blocks=5,
+    num_slots=3,
+    seed=0,
+)
+
+
+def test_fixed_case_is_valid() -> None:
+    """The unmutated case is accepted, so in the test below each mutation is the cause."""
+    ts = make_tensors(FIXED_CASE, torch.Generator().manual_seed(0), padded=False)
+    gather(FIXED_CASE.layout, ts.gpu, ts.pool, *FIXED_CASE.job.args())
+    scatter(FIXED_CASE.layout, ts.gpu, ts.pool, *FIXED_CASE.job.args())
+
+
+@pytest.mark.parametrize("direction", [gather, scatter], ids=["gather", "scatter"])
+@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
+def test_each_invalid_input_raises_and_writes_nothing(
+    direction: Callable[..., None], mutation: str
+) -> None:
+    assert check_rejected(direction, mutation, FIXED_CASE)
+
+
+@given(
+    case=cases(max_blocks_per_group=6),
+    mutation=st.sampled_from(sorted(MUTATIONS)),
+    direction=st.sampled_from([gather, scatter]),
+)
+def test_invalid_input_raises_and_writes_nothing(
+    case: Case, mutation: str, direction: Callable[..., None]
+) -> None:
+    check_rejected(direction, mutation, case)
+
+
+# ---------------------------------------------------------------------------
+# Layout
+# ---------------------------------------------------------------------------
+
+
+def test_layout_offsets_per_group_blocks_per_chunk() -> None:
+    layout = TransferLayout(
+        (64, 32, 8),
+        ((TensorRef(0, 64), TensorRef(1, 30)), (TensorRef(1, 32), TensorRef(2, 8))),
+        (2, 3),
+    )
+    assert layout.slot_bytes == 3 * (64 + 32 + 8)
+    assert layout.region_offset(0, 1) == 2 * 64
+    assert layout.region_offset(1, 1) == 3 * 64
+    assert layout.region_offset(1, 2) == 3 * 96
+    assert layout.sub_slot_offset(1, 1, 2) == 3 * 64 + 2 * 32
+    with pytest.raises(ValueError):
+        layout.sub_slot_offset(0, 1, 2)
+
+
+def test_uniform_layout_is_vllm_chunk_layout() -> None:
+    """One B for all groups: tensor t's region is sum(page[:t]) * B, slot = B * sum(page)."""
+    layout = TransferLayout.uniform((128, 64), [[TensorRef(0, 128)], [TensorRef(1, 60)]], 4)
+    assert layout.blocks_per_chunk == (4, 4)
+    assert layout.slot_bytes == 4 * 192
+    assert [layout.region_offset(g, t) for g in (0, 1) for t in (0, 1)] == [0, 512, 0, 512]
+
+
+@pytest.mark.parametrize(
+    ("pages", "refs", "bpc"),
+    [
+        ((), ((TensorRef(0, 8),),), (1,)),
+        ((0,), ((TensorRef(0, 8),),), (1,)),
+        ((8,), (), ()),
+        ((8,), ((TensorRef(0, 8),),), (1, 1)),
+        ((8,), ((TensorRef(0, 8),),), (0,)),
+        ((8,), ((),), (1,)),
+        ((8,), ((TensorRef(1, 8),),), (1,)),
+        ((8,), ((TensorRef(0, 9),),), (1,)),
+        ((8,), ((TensorRef(0, 0),),), (1,)),
+        ((8,), ((TensorRef(0, 8), TensorRef(0, 4)),), (1,)),
+    ],
+)
+def test_layout_rejects_nonsense(
+    pages: tuple[int, ...], refs: tuple[tuple[TensorRef, ...], ...], bpc: tuple[int, ...]
+) -> None:
+    with pytest.raises(ValueError):
+        TransferLayout(pages, refs, bpc)
+
+
+# ---------------------------------------------------------------------------
+# Worked example (notes section 6.3), verified against vLLM's _fill_direct_ops
+# ---------------------------------------------------------------------------
+
+
+def test_notes_worked_example() -> None:
+    page = 64
+    layout = TransferLayout.uniform((page,), [[TensorRef(0, page)], [TensorRef(0, page)]], 2)
+    # block b holds the byte value b everywhere
+    gpu = torch.arange(40, dtype=torch.uint8).repeat_interleave(page).view(40, page).clone()
+    pool = torch.full((6, layout.slot_bytes), 255, dtype=torch.uint8)
+
+    store = Job((1, 2, 3, 4, *range(14, 22)), (4, 8), (0, 8), tuple(range(6)))
+    gather(layout, [gpu], pool, *store.args())
+    chunks = [[int(pool[c, j * page]) for j in range(2)] for c in range(6)]
+    assert chunks == [[1, 2], [3, 4], [14, 15], [16, 17], [18, 19], [20, 21]]
+    assert bool((pool.view(6, 2, page) == pool.view(6, 2, page)[:, :, :1]).all())
+
+    dst = torch.zeros_like(gpu)
+    load = Job((30, 29, 28, *range(13, 5, -1)), (3, 8), (1, 8), tuple(range(6)))
+    scatter(layout, [dst], pool, *load.args())
+    expected = torch.zeros(40, dtype=torch.uint8)
+    expected[30], expected[29], expected[28] = 2, 3, 4  # c0.sub1, c1.sub0, c1.sub1
+    for k, block in enumerate(range(13, 5, -1)):
+        expected[block] = 14 + k  # b13..b6 <- c2..c5
+    assert torch.equal(dst, expected[:, None].expand(40, page))
+
+
+def test_store_with_leading_null_leaves_first_sub_slot_unwritten() -> None:
+    """A chunk whose first block is skipped (null): its sub-slot 0 keeps the old bytes."""
+    layout = TransferLayout.uniform((8,), [[TensorRef(0, 8)]], 4)
+    gpu = torch.arange(10, dtype=torch.uint8).repeat_interleave(8).view(10, 8).clone()
+    pool = torch.full((2, layout.slot_bytes), 99, dtype=torch.uint8)
+    gather(layout, [gpu], pool, [5, 6, 7], [3], [1], [1])
+    assert pool[1].view(4, 8)[:, 0].tolist() == [99, 5, 6, 7]
+    assert bool((pool[0] == 99).all())
+
+
+def test_ids_may_be_tensors() -> None:
+    layout = TransferLayout.uniform((16,), [[TensorRef(0, 16)]], 2)
+    gpu = torch.arange(4, dtype=torch.uint8).repeat_interleave(16).view(4, 16).clone()
+    pool = torch.zeros(2, layout.slot_bytes, dtype=torch.uint8)
+    gather(
+        layout, [gpu], pool, torch.tensor([3, 1], dtype=torch.int32), [2], [0], torch.tensor([1])
+    )
+    assert pool[1, ::16].tolist() == [3, 1]
+
+
+# ---------------------------------------------------------------------------
+# Devices
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "pageable"])
+@given(case=cases(), batch=BATCHES)
+def test_cuda_matches_oracle(pinned: bool, case: Case, batch: int) -> None:
+    """Cache on the GPU; pool in pinned or pageable host memory, then on the GPU too."""
+    gen = torch.Generator().manual_seed(case.seed)
+    cpu = make_tensors(case, gen, padded=False)
+    expected_pool = oracle_gather(case.layout, cpu.gpu, cpu.pool, case.job)
+    gpu = [g.cuda() for g in cpu.gpu]
+    pool = cpu.pool.pin_memory() if pinned else cpu.pool.clone()
+    with batch_bytes(batch):
+        gather(case.layout, gpu, pool, *case.job.args())
+        assert torch.equal(pool, expected_pool)
+        dst = [torch.zeros_like(g) for g in gpu]
+        scatter(case.layout, dst, pool, *case.job.args())
+        torch.cuda.synchronize()
+        zeros = [torch.zeros_like(g) for g in cpu.gpu]
+        expected = oracle_scatter(case.layout, zeros, expected_pool, case.job)
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(dst, expected, strict=True))
+        pool_dev = cpu.pool.cuda()
+        gather(case.layout, gpu, pool_dev, *case.job.args())
+        assert torch.equal(pool_dev.cpu(), expected_pool)
+        dst = [torch.zeros_like(g) for g in gpu]
+        scatter(case.layout, dst, pool_dev, *case.job.args())
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(dst, expected, strict=True))

@@ -1,0 +1,571 @@
+"""KV-cache geometry fixtures: load them, rebuild real vLLM objects, build a Scheduler.
+
+A fixture (``vllm_adapter/fixtures/<name>.json``) is what
+:func:`vllm_adapter.derive.derive` got from vLLM 0.33.0's own KV-cache planning
+on CPU, serialized as plain JSON so that loading it costs no model work.  This
+module turns it back into *real* vLLM objects:
+
+* :func:`load_fixture` reads the JSON;
+* :func:`rebuild_kv_cache_config` rebuilds the scheduler-view or worker-view
+  ``KVCacheConfig`` (equal, field by field, to what the derivation produced);
+* :func:`make_vllm_config` builds the ``VllmConfig`` the engine core would hold
+  after KV-cache initialisation (resolved block size, cache dtype and layout),
+  with a KV connector of your choice, for a real Scheduler;
+* :func:`build_scheduler` puts both together into a real v1 ``Scheduler``.
+
+CLI: ``python -m vllm_adapter.fixtures regenerate [--check] [NAME ...]`` re-derives
+every fixture (or the named ones) and rewrites the JSON; with ``--check`` it
+rewrites nothing and exits 1, printing a diff, when a stored fixture differs
+from what vLLM derives now.
+
+JSON encoding of vLLM values (see :func:`encode_spec`):
+
+* a spec is ``{"class", "module", "fields": {every init field}, "properties":
+  {page_size_bytes, tokens_per_state, prefix_cacheable, kind, sliding_window}}``;
+  ``properties`` are informative (recomputed on rebuild, never fed back);
+* ``UniformTypeKVCacheSpecs`` keeps its per-layer specs in order as runs:
+  ``"kv_cache_specs": [{"layer_names": [...], "spec": {...}}, ...]``;
+* ``torch.dtype`` -> ``"torch.bfloat16"`` (fields ``dtype`` / ``dtypes``);
+  enums -> ``{"__enum__": cls, "name": member}``; ``MultipleOf(n)`` ->
+  ``{"__multiple_of__": n}``; ``Fraction`` -> ``{"__fraction__": "p/q"}``;
+  tuples (Mamba ``shapes`` / ``dtypes``) -> lists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import difflib
+import enum
+import json
+import sys
+from collections.abc import Iterator, Mapping
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vllm_adapter import vllm_api as V
+
+__all__ = [
+    "FIXTURES_DIR",
+    "MODELS_DIR",
+    "build_scheduler",
+    "cpu_platform_patches",
+    "decode_spec",
+    "dump_fixture",
+    "encode_kv_cache_config",
+    "encode_spec",
+    "fixture_names",
+    "fixture_path",
+    "load_fixture",
+    "make_vllm_config",
+    "model_dir_path",
+    "rebuild_kv_cache_config",
+    "rebuild_layer_specs",
+    "scheduler_block_sizes",
+]
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+FIXTURES_DIR = PACKAGE_DIR / "fixtures"
+MODELS_DIR = PACKAGE_DIR / "models"
+SCHEMA_VERSION = 1
+DEFAULT_CPU_BYTES = 1 << 30
+
+
+# ---------------------------------------------------------------------------
+# CPU patches
+# ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def cpu_platform_patches() -> Iterator[list[str]]:
+    """The one platform patch a CPU-only host needs, scoped and restored.
+
+    vLLM's ``UnspecifiedPlatform`` (what a host without an accelerator gets)
+    answers ``support_hybrid_kv_cache() -> False``, so ``VllmConfig`` rejects an
+    explicit ``disable_hybrid_kv_cache_manager=False`` (HMA on).  Inside this
+    context the platform class answers True, as ``CudaPlatform`` does.  It is
+    only read in ``VllmConfig.__post_init__``, so callers wrap just the
+    ``VllmConfig(...)`` construction.  Nothing is patched when the platform
+    already supports HMA.  Yields the list of patches applied (for provenance).
+    """
+    platform_cls = type(V.current_platform)
+    applied: list[str] = []
+    sentinel = object()
+    saved = platform_cls.__dict__.get("support_hybrid_kv_cache", sentinel)
+    if not V.current_platform.support_hybrid_kv_cache():
+        platform_cls.support_hybrid_kv_cache = classmethod(lambda cls: True)  # type: ignore[method-assign, assignment]
+        applied.append(
+            f"{platform_cls.__name__}.support_hybrid_kv_cache -> True (as CudaPlatform) "
+            "while VllmConfig is constructed"
+        )
+    try:
+        yield applied
+    finally:
+        if applied:
+            if saved is sentinel:
+                delattr(platform_cls, "support_hybrid_kv_cache")
+            else:
+                platform_cls.support_hybrid_kv_cache = saved  # type: ignore[method-assign]
+
+
+# ---------------------------------------------------------------------------
+# Codec: vLLM values <-> JSON
+# ---------------------------------------------------------------------------
+
+_ENUMS: dict[str, type[enum.Enum]] = {
+    "KVQuantMode": V.KVQuantMode,
+    "SparseCacheRole": V.SparseCacheRole,
+    "KVCacheGroupRole": V.KVCacheGroupRole,
+    "MambaAttentionBackendEnum": V.MambaAttentionBackendEnum,
+}
+
+
+def _encode_dtype(dtype: torch.dtype) -> str:
+    return str(dtype)
+
+
+def _decode_dtype(text: str) -> torch.dtype:
+    prefix = "torch."
+    if not text.startswith(prefix):
+        raise ValueError(f"not a torch dtype string: {text!r}")
+    dtype = getattr(torch, text[len(prefix) :])
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"not a torch dtype: {text!r}")
+    return dtype
+
+
+def _encode_value(value: Any) -> Any:
+    if isinstance(value, enum.Enum):  # before int/str: IntEnum / str-Enum members
+        name = type(value).__name__
+        if name not in _ENUMS:
+            raise TypeError(f"unregistered enum {name}")
+        return {"__enum__": name, "name": value.name}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.dtype):
+        return _encode_dtype(value)
+    if isinstance(value, V.MultipleOf):
+        return {"__multiple_of__": value.base}
+    if isinstance(value, Fraction):
+        return {"__fraction__": f"{value.numerator}/{value.denominator}"}
+    if isinstance(value, (tuple, list)):
+        return [_encode_value(v) for v in value]
+    raise TypeError(f"cannot encode {type(value).__name__}: {value!r}")
+
+
+def _decode_value(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "__enum__" in value:
+            return _ENUMS[value["__enum__"]][value["name"]]
+        if "__multiple_of__" in value:
+            return V.MultipleOf(int(value["__multiple_of__"]))
+        if "__fraction__" in value:
+            return Fraction(value["__fraction__"])
+        raise ValueError(f"unknown tagged value {value!r}")
+    if isinstance(value, list):
+        return [_decode_value(v) for v in value]
+    return value
+
+
+def _decode_field(name: str, value: Any) -> Any:
+    """Field-name-aware decoding for the few non-scalar spec fields."""
+    if name == "dtype" and value is not None:
+        return _decode_dtype(value)
+    if name == "dtypes":
+        return tuple(_decode_dtype(v) for v in value)
+    if name == "shapes":
+        return tuple(tuple(int(x) for x in shape) for shape in value)
+    return _decode_value(value)
+
+
+def _spec_properties(spec: Any) -> dict[str, Any]:
+    try:
+        tokens_per_state = spec.tokens_per_state
+    except NotImplementedError:  # UniformTypeKVCacheSpecs: per member only
+        tokens_per_state = None
+    return {
+        "page_size_bytes": spec.page_size_bytes,
+        "tokens_per_state": _encode_value(tokens_per_state),
+        "prefix_cacheable": spec.prefix_cacheable,
+        "kind": V.get_kv_cache_spec_kind(spec).value,
+        "sliding_window": V.get_kv_cache_spec_sliding_window(spec),
+    }
+
+
+def _init_fields(spec: Any) -> dict[str, Any]:
+    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.init}
+
+
+def _runs(specs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Ordered ``{layer: spec}`` as runs of consecutive layers with an equal encoding."""
+    runs: list[dict[str, Any]] = []
+    for layer_name, spec in specs.items():
+        encoded = encode_spec(spec)
+        if runs and runs[-1]["spec"] == encoded:
+            runs[-1]["layer_names"].append(layer_name)
+        else:
+            runs.append({"layer_names": [layer_name], "spec": encoded})
+    return runs
+
+
+def _from_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    specs: dict[str, Any] = {}
+    for run in runs:
+        for layer_name in run["layer_names"]:
+            specs[layer_name] = decode_spec(run["spec"])
+    return specs
+
+
+def encode_spec(spec: Any) -> dict[str, Any]:
+    """A ``KVCacheSpec`` (any subclass, incl. ``UniformTypeKVCacheSpecs``) as JSON."""
+    cls = type(spec)
+    out: dict[str, Any] = {"class": cls.__name__, "module": cls.__module__}
+    init = _init_fields(spec)
+    if isinstance(spec, V.UniformTypeKVCacheSpecs):
+        inner = init.pop("kv_cache_specs")
+        out["fields"] = {k: _encode_value(v) for k, v in init.items()}
+        out["kv_cache_specs"] = _runs(inner)
+    else:
+        out["fields"] = {k: _encode_value(v) for k, v in init.items()}
+    out["properties"] = _spec_properties(spec)
+    return out
+
+
+def _spec_class(encoded: Mapping[str, Any]) -> type:
+    module = V.import_vllm_module(encoded["module"])
+    cls = getattr(module, encoded["class"])
+    if not (isinstance(cls, type) and issubclass(cls, V.KVCacheSpec)):
+        raise TypeError(f"{encoded['module']}.{encoded['class']} is not a KVCacheSpec")
+    return cls
+
+
+def decode_spec(encoded: Mapping[str, Any]) -> Any:
+    """Inverse of :func:`encode_spec`: a real vLLM spec object."""
+    cls = _spec_class(encoded)
+    kwargs = {k: _decode_field(k, v) for k, v in encoded["fields"].items()}
+    if "kv_cache_specs" in encoded:
+        kwargs["kv_cache_specs"] = _from_runs(encoded["kv_cache_specs"])
+    return cls(**kwargs)
+
+
+def _encode_group(index: int, group: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"index": index}
+    for f in dataclasses.fields(group):
+        value = getattr(group, f.name)
+        if f.name == "kv_cache_spec":
+            out[f.name] = encode_spec(value)
+        elif f.name == "layer_names":
+            out[f.name] = list(value)
+        else:
+            out[f.name] = _encode_value(value)
+    return out
+
+
+def _decode_group(encoded: Mapping[str, Any]) -> Any:
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(V.KVCacheGroupSpec):
+        if f.name not in encoded:
+            continue
+        value = encoded[f.name]
+        if f.name == "kv_cache_spec":
+            kwargs[f.name] = decode_spec(value)
+        elif f.name == "layer_names":
+            kwargs[f.name] = list(value)
+        else:
+            kwargs[f.name] = _decode_value(value)
+    return V.KVCacheGroupSpec(**kwargs)
+
+
+def encode_kv_cache_config(config: Any) -> dict[str, Any]:
+    """A ``KVCacheConfig`` as JSON: every dataclass field, groups and tensors expanded."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name == "kv_cache_groups":
+            out[f.name] = [_encode_group(i, g) for i, g in enumerate(value)]
+        elif f.name == "kv_cache_tensors":
+            out[f.name] = [
+                {tf.name: _encode_value(getattr(t, tf.name)) for tf in dataclasses.fields(t)}
+                for t in value
+            ]
+        else:
+            out[f.name] = _encode_value(value)
+    return out
+
+
+def decode_kv_cache_config(encoded: Mapping[str, Any]) -> Any:
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(V.KVCacheConfig):
+        if f.name not in encoded:
+            continue
+        value = encoded[f.name]
+        if f.name == "kv_cache_groups":
+            kwargs[f.name] = [_decode_group(g) for g in value]
+        elif f.name == "kv_cache_tensors":
+            kwargs[f.name] = [V.KVCacheTensor(**{k: _decode_value(v) for k, v in t.items()}) for t in value]
+        else:
+            kwargs[f.name] = _decode_value(value)
+    return V.KVCacheConfig(**kwargs)
+
+
+# ---------------------------------------------------------------------------
+# Loading and rebuilding
+# ---------------------------------------------------------------------------
+
+
+def fixture_path(name: str) -> Path:
+    return FIXTURES_DIR / f"{name}.json"
+
+
+def fixture_names() -> list[str]:
+    """Names of the stored fixtures, sorted."""
+    return sorted(p.stem for p in FIXTURES_DIR.glob("*.json"))
+
+
+def load_fixture(name: str) -> dict[str, Any]:
+    """The stored fixture ``name`` as a plain dict (no vLLM work)."""
+    with fixture_path(name).open(encoding="utf-8") as f:
+        return json.load(f)
+
+
+def dump_fixture(fixture: Mapping[str, Any]) -> str:
+    """The canonical JSON text of a fixture (what the files hold)."""
+    return json.dumps(fixture, indent=1, sort_keys=False) + "\n"
+
+
+def model_dir_path(fixture: Mapping[str, Any]) -> Path:
+    return MODELS_DIR / fixture["model_dir"]
+
+
+def rebuild_kv_cache_config(fixture: Mapping[str, Any], view: str = "scheduler") -> Any:
+    """The fixture's ``KVCacheConfig`` as a real vLLM object.
+
+    ``view="scheduler"``: what ``EngineCore._initialize_kv_caches`` returned and
+    the Scheduler gets (``UniformTypeKVCacheSpecs`` flattened to their first
+    layer spec).  ``view="worker"``: rank 0's config as handed to the workers
+    (``initialize_from_config``); identical to the scheduler view unless the
+    fixture stores a separate ``worker_kv_cache_config``.  A fresh object each
+    call (vLLM code mutates these).
+    """
+    if view == "scheduler":
+        return decode_kv_cache_config(fixture["scheduler_kv_cache_config"])
+    if view == "worker":
+        worker = fixture.get("worker_kv_cache_config")
+        return decode_kv_cache_config(worker if worker is not None else fixture["scheduler_kv_cache_config"])
+    raise ValueError(f"view must be 'scheduler' or 'worker', got {view!r}")
+
+
+def rebuild_layer_specs(fixture: Mapping[str, Any]) -> dict[str, Any]:
+    """The per-layer specs one worker reported (the input of vLLM's grouping), in order."""
+    return _from_runs(fixture["layer_specs"])
+
+
+# ---------------------------------------------------------------------------
+# VllmConfig and Scheduler
+# ---------------------------------------------------------------------------
+
+
+def _base_configs(
+    fixture: Mapping[str, Any], *, post_init: bool
+) -> dict[str, Any]:
+    """Keyword arguments for ``VllmConfig`` (minus the KV-transfer config)."""
+    args = fixture["engine_args"]
+    model_config = V.ModelConfig(
+        model=str(model_dir_path(fixture)),
+        skip_tokenizer_init=True,
+        language_model_only=bool(args.get("language_model_only", False)),
+        max_model_len=args.get("max_model_len"),
+    )
+    resolved = fixture["resolved"]
+    block_size = args.get("block_size")
+    cache_dtype = args.get("kv_cache_dtype", "auto")
+    cache_kwargs: dict[str, Any] = {
+        "enable_prefix_caching": bool(args.get("enable_prefix_caching", True)),
+    }
+    if args.get("prefix_match_unit") is not None:
+        cache_kwargs["prefix_match_unit"] = args["prefix_match_unit"]
+    if args.get("mamba_cache_mode") is not None:
+        cache_kwargs["mamba_cache_mode"] = args["mamba_cache_mode"]
+    if post_init:
+        # The engine core's state after KV-cache init: vLLM rewrites these.
+        block_size = resolved["cache_config_block_size"]
+        cache_dtype = resolved["cache_dtype"]
+    if block_size is not None:
+        cache_kwargs["block_size"] = block_size
+    cache_kwargs["cache_dtype"] = cache_dtype
+    cache_config = V.CacheConfig(**cache_kwargs)
+    scheduler_config = V.SchedulerConfig(
+        max_model_len=model_config.max_model_len,
+        is_encoder_decoder=model_config.is_encoder_decoder,
+        disable_hybrid_kv_cache_manager=bool(args.get("disable_hybrid_kv_cache_manager", False)),
+    )
+    parallel_config = V.ParallelConfig(
+        tensor_parallel_size=int(args.get("tensor_parallel_size", 1)),
+    )
+    return {
+        "model_config": model_config,
+        "cache_config": cache_config,
+        "scheduler_config": scheduler_config,
+        "parallel_config": parallel_config,
+        # UnspecifiedPlatform has no device type; vLLM's own CPU tests pass "cpu".
+        "device_config": V.DeviceConfig(device="cpu"),
+    }
+
+
+def _kv_transfer_config(
+    extra_config: Mapping[str, Any] | None,
+    *,
+    connector: str,
+    connector_module_path: str | None,
+    cpu_bytes: int,
+) -> Any:
+    extra: dict[str, Any] = {"spec_name": "CPUOffloadingSpec", "cpu_bytes_to_use": int(cpu_bytes)}
+    extra.update(extra_config or {})
+    kwargs: dict[str, Any] = {
+        "kv_connector": connector,
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
+    if connector_module_path is not None:
+        kwargs["kv_connector_module_path"] = connector_module_path
+    return V.KVTransferConfig(**kwargs)
+
+
+def make_vllm_config(
+    fixture: Mapping[str, Any],
+    extra_config: Mapping[str, Any] | None = None,
+    *,
+    connector: str = "OffloadingConnector",
+    connector_module_path: str | None = None,
+    cpu_bytes: int = DEFAULT_CPU_BYTES,
+) -> Any:
+    """A ``VllmConfig`` in the state the engine core leaves it after KV-cache init.
+
+    Built like vLLM's upstream ``tests/v1/kv_connector/unit/offloading_connector``
+    helpers: ``ModelConfig`` from the fixture's local model dir (config.json only,
+    ``skip_tokenizer_init=True``), the fixture's engine args (TP, prefix caching,
+    HMA on, ``language_model_only`` for Gemma-4), and a ``KVTransferConfig`` for
+    ``connector`` (``kv_both``) whose ``kv_connector_extra_config`` is
+    ``{"spec_name": "CPUOffloadingSpec", "cpu_bytes_to_use": cpu_bytes, **extra_config}``.
+    Then what ``_initialize_kv_caches`` writes back: ``cache_config.block_size``
+    (min prefix-cacheable group block size), the resolved ``cache_dtype`` (DSv4:
+    ``fp8_ds_mla``), ``kv_cache_layout`` and ``num_gpu_blocks``.
+
+    CPU deviations: ``DeviceConfig("cpu")`` and :func:`cpu_platform_patches`
+    around the ``VllmConfig`` construction (HMA on needs it), nothing else.
+    """
+    kwargs = _base_configs(fixture, post_init=True)
+    kwargs["kv_transfer_config"] = _kv_transfer_config(
+        extra_config, connector=connector, connector_module_path=connector_module_path, cpu_bytes=cpu_bytes
+    )
+    with cpu_platform_patches():
+        vllm_config = V.VllmConfig(**kwargs)
+    cache_config = vllm_config.cache_config
+    resolved = fixture["resolved"]
+    cache_config.block_size = resolved["cache_config_block_size"]
+    cache_config.kv_cache_layout = fixture["kv_cache_layout"]
+    cache_config.num_gpu_blocks = fixture["scheduler_kv_cache_config"]["num_blocks"]
+    return vllm_config
+
+
+def scheduler_block_sizes(kv_cache_config: Any, vllm_config: Any) -> tuple[int, int]:
+    """``(scheduler_block_size, hash_block_size)`` from vLLM's own resolver."""
+    return V.resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+
+
+def build_scheduler(
+    fixture: Mapping[str, Any],
+    extra_config: Mapping[str, Any] | None = None,
+    *,
+    connector: str = "OffloadingConnector",
+    connector_module_path: str | None = None,
+    cpu_bytes: int = DEFAULT_CPU_BYTES,
+) -> Any:
+    """A real v1 ``Scheduler`` (with its KV connector) for the fixture, on CPU.
+
+    Mirrors ``EngineCore.__init__``: block sizes from
+    ``resolve_kv_cache_block_sizes`` on the scheduler-view config, a
+    ``StructuredOutputManager``, then ``Scheduler(...)``.  Whatever the connector
+    raises (e.g. the stock connector's ``AssertionError`` for ``block_size``
+    on mixed block sizes) propagates.
+    """
+    vllm_config = make_vllm_config(
+        fixture,
+        extra_config,
+        connector=connector,
+        connector_module_path=connector_module_path,
+        cpu_bytes=cpu_bytes,
+    )
+    kv_cache_config = rebuild_kv_cache_config(fixture, "scheduler")
+    block_size, hash_block_size = scheduler_block_sizes(kv_cache_config, vllm_config)
+    return V.Scheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=V.StructuredOutputManager(vllm_config),
+        block_size=block_size,
+        hash_block_size=hash_block_size,
+    )
+
+
+# ---------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------
+
+
+def _regenerate(names: list[str], check: bool) -> int:
+    import time
+
+    from vllm_adapter.derive import RECIPES, derive
+
+    targets = names or list(RECIPES)
+    unknown = [n for n in targets if n not in RECIPES]
+    if unknown:
+        print(f"unknown fixture(s): {', '.join(unknown)}; known: {', '.join(RECIPES)}", file=sys.stderr)
+        return 2
+    failed = False
+    for name in targets:
+        start = time.perf_counter()
+        text = dump_fixture(derive(name))
+        elapsed = time.perf_counter() - start
+        path = fixture_path(name)
+        old = path.read_text(encoding="utf-8") if path.exists() else ""
+        if check:
+            if old == text:
+                print(f"{name}: OK ({elapsed:.1f} s)")
+            else:
+                failed = True
+                print(f"{name}: DIFFERS from what vLLM derives ({elapsed:.1f} s)")
+                sys.stdout.writelines(
+                    difflib.unified_diff(
+                        old.splitlines(keepends=True),
+                        text.splitlines(keepends=True),
+                        fromfile=f"stored/{path.name}",
+                        tofile=f"derived/{path.name}",
+                    )
+                )
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            print(f"{name}: {'unchanged' if old == text else 'written'} ({elapsed:.1f} s) -> {path}")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vllm_adapter.fixtures", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    regen = sub.add_parser("regenerate", help="re-derive fixtures with vLLM and rewrite the JSON")
+    regen.add_argument("--check", action="store_true", help="write nothing; exit 1 and print a diff on any difference")
+    regen.add_argument("names", nargs="*", help="fixture names (default: all)")
+    args = parser.parse_args(argv)
+    if args.command == "regenerate":
+        return _regenerate(args.names, args.check)
+    return 2  # pragma: no cover
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

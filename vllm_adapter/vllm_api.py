@@ -1,0 +1,254 @@
+"""Every vLLM import of kvchunk, and nothing else.
+
+Other modules do ``from vllm_adapter import vllm_api as V`` and reach vLLM
+through ``V.<name>``.  Importing this module fails with ``ImportError`` when
+vLLM is not installed; callers that can run without vLLM guard on that.
+Sections belong to the helpers that use them; add names under your own header.
+"""
+
+from __future__ import annotations
+
+# --- conformance driver ---
+from vllm.config import (  # noqa: F401
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: F401
+from vllm.distributed.kv_transfer.kv_connector.utils import yield_req_data  # noqa: F401
+from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole  # noqa: F401
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (  # noqa: F401
+    OffloadingConnectorMetadata,
+    OffloadingWorkerMetadata,
+    TransferJob,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (  # noqa: F401
+    build_offloading_config,
+    get_offloading_group_ids,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (  # noqa: F401
+    OffloadingConnectorScheduler,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (  # noqa: F401
+    OffloadingConnector,
+)
+from vllm.sampling_params import SamplingParams  # noqa: F401
+from vllm.utils.hashing import get_hash_fn_by_name  # noqa: F401
+from vllm.v1.core.kv_cache_utils import (  # noqa: F401
+    get_request_block_hasher,
+    init_none_hash,
+    resolve_cache_hit_alignment_tokens,
+    resolve_kv_cache_block_sizes,
+)
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: F401
+from vllm.v1.kv_cache_interface import (  # noqa: F401
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+from vllm.v1.kv_offload.base import (  # noqa: F401
+    GPULoadStoreSpec,
+    LookupResult,
+    OffloadingWorker,
+    TransferResult,
+)
+from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: F401
+from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec  # noqa: F401
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: F401
+from vllm.v1.request import Request, RequestStatus  # noqa: F401
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: F401
+
+# --- adapter: geometry + connector ---
+# Self-contained on purpose: names another section also imports are imported
+# again here (same objects), so this section does not depend on the others.
+from vllm.config import (  # noqa: E402, F401, F811
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole  # noqa: E402, F401, F811
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1  # noqa: E402, F401
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (  # noqa: E402, F401, F811
+    OffloadingConnectorMetadata,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (  # noqa: E402, F401, F811
+    build_offloading_config,
+    get_offloading_group_ids,
+    get_sliding_window_size_in_chunks,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import (  # noqa: E402, F401
+    SchedulerOffloadConfig,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (  # noqa: E402, F401, F811
+    OffloadingConnector,
+)
+from vllm.sampling_params import SamplingParams  # noqa: E402, F401, F811
+from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402, F401, F811
+from vllm.v1.core.kv_cache_utils import (  # noqa: E402, F401, F811
+    get_request_block_hasher,
+    init_none_hash,
+    resolve_cache_hit_alignment_tokens,
+    resolve_dcp_kv_block_size,
+    resolve_kv_cache_block_sizes,
+)
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402, F401, F811
+from vllm.v1.kv_cache_interface import (  # noqa: E402, F401, F811
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    KVCacheTensor,
+    MambaSpec,
+    MLAAttentionSpec,
+    RSWASpec,
+    SinkFullAttentionSpec,
+    SlidingWindowMLASpec,
+    SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
+    iter_layer_specs,
+)
+from vllm.v1.kv_offload.config import OffloadingConfig  # noqa: E402, F401
+from vllm.v1.request import Request  # noqa: E402, F401, F811
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402, F401, F811
+
+# --- fixtures / geometry derivation ---
+# Used by vllm_adapter.derive and vllm_adapter.fixtures.  Self-contained like the
+# sections above (shared names are imported again).  Model-specific layer modules
+# (Gemma-4 attention, DeepSeek-V4 caches) are heavy, so they load lazily through
+# the ``load_*`` functions below; the import statements still live only here.
+import importlib as _importlib  # noqa: E402
+from types import SimpleNamespace as _SimpleNamespace  # noqa: E402
+
+import vllm as _vllm  # noqa: E402
+import vllm.v1.kv_cache_interface as kv_cache_interface  # noqa: E402, F401
+from vllm.config import (  # noqa: E402, F401, F811
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    VllmConfig,
+    set_current_vllm_config,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (  # noqa: E402, F401, F811
+    build_offloading_config,
+    get_offloading_group_ids,
+)
+from vllm.config.vllm import get_layers_from_vllm_config  # noqa: E402, F401
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (  # noqa: E402, F401, F811
+    OffloadingConnector,
+)
+from vllm.platforms import current_platform  # noqa: E402, F401
+from vllm.platforms.interface import Platform  # noqa: E402, F401
+from vllm.v1.attention.backend import MultipleOf  # noqa: E402, F401
+from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum  # noqa: E402, F401
+from vllm.v1.attention.backends.utils import (  # noqa: E402, F401
+    get_supported_kv_cache_layouts,
+    resolve_kv_cache_layout,
+)
+from vllm.v1.core.kv_cache_planning import (  # noqa: E402, F401
+    get_global_kv_cache_groups,
+    get_kv_cache_configs,
+    get_kv_cache_groups,
+)
+from vllm.v1.core.kv_cache_utils import (  # noqa: E402, F401, F811
+    generate_scheduler_kv_cache_config,
+    resolve_cache_hit_alignment_tokens,
+    resolve_dcp_kv_block_size,
+    resolve_kv_cache_block_sizes,
+)
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402, F401, F811
+from vllm.v1.engine.core import EngineCore  # noqa: E402, F401
+from vllm.v1.kv_cache_interface import (  # noqa: E402, F401, F811
+    AttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupRole,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    KVCacheTensor,
+    KVQuantMode,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowMLASpec,
+    SlidingWindowSpec,
+    SparseCacheRole,
+    UniformTypeKVCacheSpecs,
+    get_kv_cache_spec_kind,
+    get_kv_cache_spec_sliding_window,
+    iter_layer_specs,
+)
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402, F401, F811
+from vllm.v1.worker.worker_base import WorkerBase  # noqa: E402, F401
+
+VLLM_VERSION: str = _vllm.__version__
+
+
+def import_vllm_module(name: str):  # noqa: ANN201
+    """Import a ``vllm.*`` module by name (to rebuild a spec class stored by module path)."""
+    if not (name == "vllm" or name.startswith("vllm.")):
+        raise ValueError(f"not a vLLM module: {name!r}")
+    return _importlib.import_module(name)
+
+
+def load_runner_api() -> _SimpleNamespace:
+    """The GPU model runners' ``get_kv_cache_spec`` (V2: module function; V1: method)."""
+    from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec as v2_get_kv_cache_spec
+    from vllm.v1.worker.utils import customize_attention_spec
+
+    def v1_runner_cls():  # noqa: ANN202 - heavy import, only when V1 is selected
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+        return GPUModelRunner
+
+    return _SimpleNamespace(
+        v2_get_kv_cache_spec=v2_get_kv_cache_spec,
+        v1_runner_cls=v1_runner_cls,
+        customize_attention_spec=customize_attention_spec,
+    )
+
+
+def load_gemma4_layer_api() -> _SimpleNamespace:
+    """vLLM's generic ``Attention`` layer and the two Hopper backends Gemma-4 can get."""
+    from vllm.model_executor.layers.attention.attention import Attention
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+
+    return _SimpleNamespace(
+        Attention=Attention,
+        FlashAttentionBackend=FlashAttentionBackend,
+        TritonAttentionBackend=TritonAttentionBackend,
+    )
+
+
+def load_deepseek_v4_layer_api() -> _SimpleNamespace:
+    """DeepSeek-V4's cache modules, attention-class selector and dtype resolver (CUDA build)."""
+    from vllm.models.deepseek_v4.attention import (
+        DeepseekV4IndexerCache,
+        _resolve_dsv4_kv_cache_dtype,
+    )
+    from vllm.models.deepseek_v4.compressor import CompressorStateCache
+    from vllm.models.deepseek_v4.nvidia.model import _select_dsv4_attn_cls
+    from vllm.v1.attention.backends.mla.indexer import dsa_indexer_uses_fp4
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
+
+    return _SimpleNamespace(
+        DeepseekV4IndexerCache=DeepseekV4IndexerCache,
+        resolve_dsv4_kv_cache_dtype=_resolve_dsv4_kv_cache_dtype,
+        CompressorStateCache=CompressorStateCache,
+        select_dsv4_attn_cls=_select_dsv4_attn_cls,
+        dsa_indexer_uses_fp4=dsa_indexer_uses_fp4,
+        DeepseekV4SWACache=DeepseekV4SWACache,
+    )
