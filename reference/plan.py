@@ -259,6 +259,8 @@ class Planner:
         self._being_loaded: set[bytes] | None = set() if policy.prefix_caching else None
         self._step_allocated: set[int] = set()
         self._step_loads: list[LoadJob] = []
+        self.last_job_id: int | None = None
+        """Id of the last load job :meth:`allocated` created."""
 
     # -- bookkeeping ------------------------------------------------------
 
@@ -477,6 +479,7 @@ class Planner:
             block_indices=tuple(block_indices),
         )
         job_id = self._job_id()
+        self.last_job_id = job_id
         req.jobs.add(job_id)
         self._jobs[job_id] = _Job(req_id, tuple(keys), is_store=False)
         if self._being_loaded is not None:
@@ -783,8 +786,12 @@ class Planner:
             del self._requests[job.req_id]
 
     def request_finished(self, req_id: str, block_hashes: Sequence[bytes] | None = None) -> None:
+        """The request stopped or was aborted (its blocks are not freed yet)."""
         req = self._requests.get(req_id)
-        if req is not None and block_hashes is not None:
+        if req is None:
+            return
+        req.finished = True
+        if block_hashes is not None:
             req.block_hashes = tuple(block_hashes)
             _update_keys(self.chunking, req)
 

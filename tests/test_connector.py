@@ -293,6 +293,8 @@ def test_hash_rule_vllm_would_assert_is_a_value_error(extra: dict[str, Any]) -> 
         ({"cpu_bytes_to_use": "lots"}, "'cpu_bytes_to_use'"),
         ({"sync_load_budget_bytes": [1]}, "'sync_load_budget_bytes'"),
         ({"store_threshold": "often"}, "'store_threshold'"),
+        ({"cpu_bytes_to_use": float("inf")}, "'cpu_bytes_to_use'"),
+        ({"sync_load_budget_bytes": -1}, "'sync_load_budget_bytes'"),
         ({"spec_name": 3}, "'spec_name'"),
     ],
 )
@@ -301,6 +303,22 @@ def test_other_extra_config_mistakes_are_value_errors(extra: dict[str, Any], nee
     vc = engine_config(kv, extra)
     with pytest.raises(ValueError, match=needle):
         build_scheduler(kv, vc)
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ({"spec_name": "X", "spec_module_path": "no_such_module_kvchunk"}, "'spec_module_path'"),
+        ({"spec_name": "NoSuchSpec", "spec_module_path": "vllm_adapter.connector"}, "'spec_name'"),
+        # Not an OffloadingSpec: vLLM's factory asserts; the connector reports a ValueError.
+        ({"spec_name": "KvchunkOffloadingConnector", "spec_module_path": "vllm_adapter.connector"},
+         "AssertionError"),
+    ],
+)
+def test_bad_spec_loading_is_a_value_error(extra: dict[str, Any], needle: str) -> None:
+    kv = CATALOGUE["uniform_full16"]()
+    with pytest.raises(ValueError, match=needle):
+        build_scheduler(kv, engine_config(kv, extra))
 
 
 def test_missing_cpu_bytes_is_a_value_error() -> None:
@@ -422,3 +440,36 @@ def test_real_model_block_size_512(name: str, blocks: int) -> None:
     with pytest.raises(VllmRejected) as rejected:
         vllm_blocks_per_chunk(fx.rebuild_kv_cache_config(data), vc)
     assert rejected.value.kind == "AssertionError"
+
+
+def _stored_fixture_names() -> list[str]:
+    try:
+        return list(importlib.import_module("vllm_adapter.fixtures").fixture_names())
+    except (ImportError, AttributeError):
+        return []
+
+
+@pytest.mark.parametrize("extra", [{"blocks_per_chunk": 2}, {"block_size": 512}])
+@pytest.mark.parametrize("name", _stored_fixture_names())
+def test_stored_fixtures_same_as_stock_where_stock_runs(name: str, extra: dict[str, Any]) -> None:
+    """Every stored fixture: where vLLM's stock connector runs a config, kvchunk runs it identically;
+    where it fails with an AssertionError, kvchunk runs it or says why in a ValueError."""
+    fx, data = _load_real(name)
+    try:
+        stock: Any = offload_config(fx.build_scheduler(data, extra))
+    except Exception as e:  # noqa: BLE001 - vLLM's verdict, compared below
+        stock = e
+    try:
+        ours: Any = offload_config(
+            fx.build_scheduler(data, extra, connector=KVCHUNK, connector_module_path=CONNECTOR_MODULE)
+        )
+    except ValueError as e:
+        ours = e
+    if isinstance(stock, V.SchedulerOffloadConfig):
+        assert ours == stock
+    elif isinstance(stock, AssertionError):
+        if isinstance(ours, ValueError):
+            assert any(f"'{k}'" in str(ours) for k in extra), str(ours)
+    else:  # vLLM's own ValueError (e.g. before the connector): the same one
+        assert isinstance(stock, ValueError) and isinstance(ours, ValueError)
+        assert str(ours) == str(stock)

@@ -270,10 +270,12 @@ class StoreMachine(RuleBasedStateMachine):
         candidates = m.evictable(exclude=set(keys))
         need = max(0, len(to_store) - free)
         if to_store and need > len(candidates):
+            event("model: store refused")
             assert plan is None
             assert snapshot(self.store) == before  # all or nothing
             return
         assert plan is not None
+        event(f"model: store evicted {len(plan.evicted_keys)}")
         assert plan.keys_to_store == tuple(to_store)
         assert plan.evicted_keys == tuple(candidates[:need])
         for k in plan.evicted_keys:
@@ -286,9 +288,21 @@ class StoreMachine(RuleBasedStateMachine):
             m.entries[k] = ModelEntry(s, ready=False, refs=0, stamp=m.tick())
             m.failed.discard(k)
 
+    def pending(self) -> list[bytes]:
+        return sorted(k for k, e in self.model.entries.items() if not e.ready)
+
+    @precondition(lambda self: self.pending())
     @rule(data=st.data(), success=st.booleans())
     def complete_store(self, data: st.DataObject, success: bool) -> None:
-        keys = data.draw(st.lists(st.sampled_from(KEYS), unique=True, max_size=4))
+        keys = data.draw(st.lists(st.sampled_from(self.pending()), min_size=1, unique=True))
+        self._complete_store(keys, success)
+
+    @rule(keys=st.lists(st.sampled_from(KEYS), unique=True, max_size=4), success=st.booleans())
+    def complete_store_any_keys(self, keys: list[bytes], success: bool) -> None:
+        """Keys that are not pending are ignored."""
+        self._complete_store(keys, success)
+
+    def _complete_store(self, keys: list[bytes], success: bool) -> None:
         self.store.complete_store(keys, success=success)
         for k in keys:
             e = self.model.entries.get(k)
@@ -301,11 +315,22 @@ class StoreMachine(RuleBasedStateMachine):
                 self.model.freed.append(e.slot)
                 self.model.failed.add(k)
 
+    def ready(self) -> list[bytes]:
+        return sorted(k for k, e in self.model.entries.items() if e.ready)
+
+    @precondition(lambda self: self.ready())
     @rule(data=st.data())
     def prepare_load(self, data: st.DataObject) -> None:
-        ready = sorted(k for k, e in self.model.entries.items() if e.ready)
-        keys = data.draw(st.lists(st.sampled_from(KEYS), max_size=4))
-        if all(k in ready for k in keys):
+        keys = data.draw(st.lists(st.sampled_from(self.ready()), min_size=1, max_size=4))
+        self._prepare_load(keys)
+
+    @rule(keys=st.lists(st.sampled_from(KEYS), max_size=4))
+    def prepare_load_any_keys(self, keys: list[bytes]) -> None:
+        """Loading a key that is not ready raises, and changes nothing."""
+        self._prepare_load(keys)
+
+    def _prepare_load(self, keys: list[bytes]) -> None:
+        if all(k in self.ready() for k in keys):
             slots = self.store.prepare_load(keys)
             assert slots == tuple(self.model.entries[k].slot for k in keys)
             for k in keys:
@@ -369,6 +394,7 @@ test_store_against_model = StoreMachine.TestCase
 # ---------------------------------------------------------------------------
 
 _HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+MOSTLY = st.sampled_from([True, True, True, False])
 # Weighted so that entries complete (become evictable) and stores evict often enough to compare.
 OPS = (
     ["store"] * 6
@@ -411,13 +437,13 @@ def test_matches_vllm_cpu_manager(num_slots: int, data: st.DataObject) -> None:
     def pop_job(jobs: list[tuple[bytes, ...]]) -> tuple[bytes, ...]:
         return jobs.pop(data.draw(st.integers(0, len(jobs) - 1), label="job"))
 
-    for _ in range(data.draw(st.integers(1, 30), label="steps")):
+    for _ in range(data.draw(st.integers(5, 30), label="steps")):
         op = data.draw(st.sampled_from(OPS), label="op")
         if op == "store":
             # mostly keys not held yet, as the scheduler offers them
             fresh = keys_where(lambda k: ref.lookup(k) is MISS)
-            pool = fresh if fresh and data.draw(st.integers(0, 2), label="any") else KEYS
-            keys = data.draw(st.lists(st.sampled_from(pool), unique=True, max_size=4))
+            pool = fresh if fresh and data.draw(MOSTLY, label="fresh only") else KEYS
+            keys = data.draw(st.lists(st.sampled_from(pool), unique=True, min_size=1, max_size=4))
             out = vllm.prepare_store([OffloadKey(k) for k in keys], ctx())
             plan = ref.prepare_store(keys)
             event(
@@ -434,7 +460,7 @@ def test_matches_vllm_cpu_manager(num_slots: int, data: st.DataObject) -> None:
                 if plan.keys_to_store:
                     store_jobs.append(plan.keys_to_store)
         elif op in ("complete", "fail"):
-            if store_jobs and data.draw(st.integers(0, 3), label="stray"):
+            if store_jobs and data.draw(MOSTLY, label="whole job"):
                 keys = list(pop_job(store_jobs))
             else:  # any keys: those not pending are ignored
                 keys = data.draw(st.lists(st.sampled_from(KEYS), unique=True, max_size=4))

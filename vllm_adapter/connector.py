@@ -83,7 +83,7 @@ def _int_like(key: str, value: Any, *, positive: bool = False, non_negative: boo
         raise ValueError(f"'{key}' in kv_connector_extra_config must be an integer, got {value!r}.")
     try:
         n = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(
             f"'{key}' in kv_connector_extra_config must be an integer, got {value!r} "
             f"({type(value).__name__})."
@@ -206,6 +206,14 @@ class KvchunkOffloadingConnector(V.OffloadingConnector):
         translated = with_extra_config(vllm_config, vllm_extra)
         try:
             super().__init__(translated, role, kv_cache_config)
+        except (ImportError, AttributeError) as e:
+            if "spec_module_path" not in vllm_extra:
+                raise
+            raise ValueError(
+                f"'spec_name'={vllm_extra.get('spec_name')!r} from 'spec_module_path'="
+                f"{vllm_extra['spec_module_path']!r} in kv_connector_extra_config could not be "
+                f"loaded: {type(e).__name__}: {e}"
+            ) from e
         except AssertionError as e:
             # Everything the extra config decides was validated above; an assert
             # here is still a configuration rejection, never a bare crash.

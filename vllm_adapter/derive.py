@@ -53,12 +53,12 @@ from vllm_adapter.fixtures import (
     MODELS_DIR,
     SCHEMA_VERSION,
     _kv_transfer_config,
-    _runs,
-    cpu_platform_patches,
+    _spec_map,
     encode_kv_cache_config,
+    engine_vllm_config,
 )
 
-__all__ = ["RECIPES", "Recipe", "derive"]
+__all__ = ["RECIPES", "Derivation", "Recipe", "derive", "derive_live"]
 
 GiB = 1 << 30
 
@@ -163,7 +163,9 @@ def _synthetic_eagle() -> dict[str, Any]:
     layers = {_attn(i): (_swa(16, 4, 128) if i % 2 == 0 else _full(64, 1)) for i in range(8)}
     # One EAGLE draft layer (full attention), flagged the way the runner flags
     # draft layers (spec.is_draft=True; excluded from spec equality).
-    layers["drafter.model.layers.0.self_attn.attn"] = dataclasses.replace(_full(64, 1), is_draft=True)
+    layers["drafter.model.layers.0.self_attn.attn"] = dataclasses.replace(
+        _full(64, 1), is_draft=True
+    )
     return layers
 
 
@@ -253,39 +255,14 @@ RECIPES: dict[str, Recipe] = {
 
 def _build_vllm_config(recipe: Recipe) -> tuple[Any, list[str]]:
     """The engine's ``VllmConfig`` for the recipe, as a GPU host's engine would start with."""
-    model_config = V.ModelConfig(
-        model=str(MODELS_DIR / recipe.model_dir),
-        skip_tokenizer_init=True,
-        language_model_only=recipe.language_model_only,
-        max_model_len=recipe.max_model_len,
+    args = recipe.engine_args()
+    kv_transfer_config = _kv_transfer_config(
+        _DERIVE_EXTRA_CONFIG,
+        connector=args["kv_connector"],
+        connector_module_path=None,
+        cpu_bytes=GiB,
     )
-    cache_kwargs: dict[str, Any] = {
-        "enable_prefix_caching": recipe.enable_prefix_caching,
-        "cache_dtype": recipe.kv_cache_dtype,
-    }
-    if recipe.block_size is not None:
-        cache_kwargs["block_size"] = recipe.block_size
-    if recipe.prefix_match_unit is not None:
-        cache_kwargs["prefix_match_unit"] = recipe.prefix_match_unit
-    if recipe.mamba_cache_mode is not None:
-        cache_kwargs["mamba_cache_mode"] = recipe.mamba_cache_mode
-    kwargs = {
-        "model_config": model_config,
-        "cache_config": V.CacheConfig(**cache_kwargs),
-        "scheduler_config": V.SchedulerConfig(
-            max_model_len=model_config.max_model_len,
-            is_encoder_decoder=model_config.is_encoder_decoder,
-            disable_hybrid_kv_cache_manager=recipe.disable_hybrid_kv_cache_manager,
-        ),
-        "parallel_config": V.ParallelConfig(tensor_parallel_size=recipe.tensor_parallel_size),
-        "device_config": V.DeviceConfig(device="cpu"),
-        "kv_transfer_config": _kv_transfer_config(
-            _DERIVE_EXTRA_CONFIG, connector="OffloadingConnector", connector_module_path=None, cpu_bytes=GiB
-        ),
-    }
-    with cpu_platform_patches() as patches:
-        vllm_config = V.VllmConfig(**kwargs)
-    return vllm_config, list(patches)
+    return engine_vllm_config(MODELS_DIR / recipe.model_dir, args, kv_transfer_config)
 
 
 # ---------------------------------------------------------------------------
@@ -447,7 +424,9 @@ def _collect_runner_specs(vllm_config: Any) -> tuple[dict[str, Any], str]:
     """The GPU model runner's own ``get_kv_cache_spec`` over ``static_forward_context``."""
     api = V.load_runner_api()
     if vllm_config.use_v2_model_runner:
-        return api.v2_get_kv_cache_spec(vllm_config), "v2 (vllm.v1.worker.gpu.attn_utils.get_kv_cache_spec)"
+        return api.v2_get_kv_cache_spec(
+            vllm_config
+        ), "v2 (vllm.v1.worker.gpu.attn_utils.get_kv_cache_spec)"
     runner = SimpleNamespace(vllm_config=vllm_config, shared_kv_cache_layers={})
     return api.v1_runner_cls().get_kv_cache_spec(runner), "v1 (GPUModelRunner.get_kv_cache_spec)"
 
@@ -547,8 +526,24 @@ def _error_record(exc: BaseException) -> dict[str, str]:
     return {"type": type(exc).__name__, "message": str(exc)}
 
 
+@dataclass
+class Derivation:
+    """A derivation's live vLLM objects next to the fixture dict made from them."""
+
+    fixture: dict[str, Any]
+    vllm_config: Any
+    layer_specs: dict[str, Any]
+    scheduler_kv_cache_config: Any
+    worker_kv_cache_configs: list[Any]
+
+
 def derive(name: str) -> dict[str, Any]:
     """Run vLLM's own KV-cache planning for fixture ``name``; return the fixture dict."""
+    return derive_live(name).fixture
+
+
+def derive_live(name: str) -> Derivation:
+    """:func:`derive`, also returning the live vLLM objects (for round-trip checks)."""
     recipe = RECIPES[name]
     tp = recipe.tensor_parallel_size
     provenance: list[str] = [f"vLLM {V.VLLM_VERSION} on CPU; {recipe.description}."]
@@ -579,8 +574,13 @@ def derive(name: str) -> dict[str, Any]:
                 for layer, spec in recipe.synthetic_layers().items()
             }
             runner = "none (synthetic specs)"
-            layouts = [layout.name for layout in V.get_supported_kv_cache_layouts([gemma.FlashAttentionBackend])]
-            layouts_source = "FlashAttentionBackend's declaration (none -> vLLM's default preference)"
+            layouts = [
+                layout.name
+                for layout in V.get_supported_kv_cache_layouts([gemma.FlashAttentionBackend])
+            ]
+            layouts_source = (
+                "FlashAttentionBackend's declaration (none -> vLLM's default preference)"
+            )
             block_size_after_backend = cache_config.block_size
             provenance.append(
                 "Per-layer specs hand-built with vLLM's spec classes (see vllm_adapter.derive), "
@@ -602,9 +602,15 @@ def derive(name: str) -> dict[str, Any]:
                 f"cache_config.block_size {initial_block_size} -> {block_size_after_backend}."
             )
             specs, runner = _collect_runner_specs(vllm_config)
-            layouts = V.WorkerBase.get_supported_kv_cache_layouts(SimpleNamespace(vllm_config=vllm_config))
-            layouts_source = "WorkerBase.get_supported_kv_cache_layouts over the registered layers' backends"
-            provenance.append(f"Per-layer specs: the GPU model runner's get_kv_cache_spec, {runner}.")
+            layouts = V.WorkerBase.get_supported_kv_cache_layouts(
+                SimpleNamespace(vllm_config=vllm_config)
+            )
+            layouts_source = (
+                "WorkerBase.get_supported_kv_cache_layouts over the registered layers' backends"
+            )
+            provenance.append(
+                f"Per-layer specs: the GPU model runner's get_kv_cache_spec, {runner}."
+            )
             if recipe.source == "gemma4":
                 provenance.append(_gemma4_backend_crosscheck(vllm_config, specs, runner))
     if recipe.eagle_draft:
@@ -653,7 +659,9 @@ def derive(name: str) -> dict[str, Any]:
     worker_cfg = worker_cfgs[0]
     worker_same = encode_kv_cache_config(worker_cfg) == encode_kv_cache_config(sched_cfg)
     for rank, cfg in enumerate(worker_cfgs[1:], start=1):
-        assert encode_kv_cache_config(cfg) == encode_kv_cache_config(worker_cfg), f"rank {rank} differs"
+        assert encode_kv_cache_config(cfg) == encode_kv_cache_config(worker_cfg), (
+            f"rank {rank} differs"
+        )
 
     resolved: dict[str, Any] = {
         "error": error,
@@ -665,7 +673,9 @@ def derive(name: str) -> dict[str, Any]:
         "kv_tp_replicas": sched_cfg.kv_tp_replicas,
     }
     if error is None:
-        scheduler_block_size, tokens_per_hash = V.resolve_kv_cache_block_sizes(sched_cfg, vllm_config)
+        scheduler_block_size, tokens_per_hash = V.resolve_kv_cache_block_sizes(
+            sched_cfg, vllm_config
+        )
         alignment = V.resolve_cache_hit_alignment_tokens(
             sched_cfg, vllm_config, scheduler_block_size, tokens_per_hash
         )
@@ -677,12 +687,14 @@ def derive(name: str) -> dict[str, Any]:
             cache_hit_alignment_tokens=alignment,
         )
     else:
-        resolved.update(scheduler_block_size=None, tokens_per_hash=None, cache_hit_alignment_tokens=None)
+        resolved.update(
+            scheduler_block_size=None, tokens_per_hash=None, cache_hit_alignment_tokens=None
+        )
     resolved["groups"] = _group_facts(sched_cfg, worker_cfg, vllm_config)
     resolved["offloaded_group_ids"] = list(V.get_offloading_group_ids(sched_cfg))
     probes = _probes(recipe, sched_cfg, vllm_config) if error is not None else None
 
-    return {
+    fixture = {
         "schema_version": SCHEMA_VERSION,
         "name": recipe.name,
         "description": recipe.description,
@@ -695,17 +707,26 @@ def derive(name: str) -> dict[str, Any]:
         "runner": runner,
         "use_v2_model_runner": bool(vllm_config.use_v2_model_runner),
         "use_mla": bool(vllm_config.model_config.use_mla),
-        "distributed_executor_backend": str(vllm_config.parallel_config.distributed_executor_backend),
+        "distributed_executor_backend": str(
+            vllm_config.parallel_config.distributed_executor_backend
+        ),
         "supported_kv_cache_layouts": list(layouts),
         "connector_requested_layout": requested_layout,
         "kv_cache_layout": cache_config.kv_cache_layout,
         "resolved": resolved,
         "probes": probes,
-        "layer_specs": _runs(specs),
+        "layer_specs": _spec_map(specs),
         "scheduler_kv_cache_config": encode_kv_cache_config(sched_cfg),
         "worker_view_same_as_scheduler": worker_same,
         "worker_kv_cache_config": None if worker_same else encode_kv_cache_config(worker_cfg),
     }
+    return Derivation(
+        fixture=fixture,
+        vllm_config=vllm_config,
+        layer_specs=specs,
+        scheduler_kv_cache_config=sched_cfg,
+        worker_kv_cache_configs=list(worker_cfgs),
+    )
 
 
 def _customize(backend: Any, spec: Any) -> Any:
@@ -742,7 +763,9 @@ def _plan_until_resolution(
     """The engine core's planning calls that precede ``resolve_kv_cache_block_sizes``."""
     specs_per_rank = [dict(specs) for _ in range(tp)]
     with _current_config(vllm_config):
-        V.resolve_kv_cache_layout(vllm_config, [list(layouts)] * tp, [s for d in specs_per_rank for s in d.values()])
+        V.resolve_kv_cache_layout(
+            vllm_config, [list(layouts)] * tp, [s for d in specs_per_rank for s in d.values()]
+        )
         groups = V.get_global_kv_cache_groups(vllm_config, specs_per_rank)
         configs = V.get_kv_cache_configs(
             vllm_config, specs_per_rank, [recipe.kv_budget_bytes_per_gpu] * tp, groups
@@ -750,7 +773,11 @@ def _plan_until_resolution(
         for cfg in configs:
             cfg.kv_cache_layout = vllm_config.cache_config.kv_cache_layout
         sched = V.generate_scheduler_kv_cache_config(configs)
-        participating = [g.kv_cache_spec.block_size for g in sched.kv_cache_groups if g.kv_cache_spec.prefix_cacheable]
+        participating = [
+            g.kv_cache_spec.block_size
+            for g in sched.kv_cache_groups
+            if g.kv_cache_spec.prefix_cacheable
+        ]
         vllm_config.cache_config.block_size = min(
             participating or [g.kv_cache_spec.block_size for g in sched.kv_cache_groups]
         )
@@ -772,7 +799,10 @@ def _probes(recipe: Recipe, sched_cfg: Any, vllm_config: Any) -> dict[str, Any]:
     # The small group made non-prefix-cacheable (SlidingWindowMLASpec with
     # bounded_replay=True is the one such sliding spec in 0.33.0): excluded from
     # the hash-unit check.
-    small = min(range(len(sched_cfg.kv_cache_groups)), key=lambda i: sched_cfg.kv_cache_groups[i].kv_cache_spec.block_size)
+    small = min(
+        range(len(sched_cfg.kv_cache_groups)),
+        key=lambda i: sched_cfg.kv_cache_groups[i].kv_cache_spec.block_size,
+    )
     variant = dataclasses.replace(sched_cfg, kv_cache_groups=list(sched_cfg.kv_cache_groups))
     group = variant.kv_cache_groups[small]
     spec = group.kv_cache_spec

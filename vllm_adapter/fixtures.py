@@ -23,8 +23,9 @@ JSON encoding of vLLM values (see :func:`encode_spec`):
 * a spec is ``{"class", "module", "fields": {every init field}, "properties":
   {page_size_bytes, tokens_per_state, prefix_cacheable, kind, sliding_window}}``;
   ``properties`` are informative (recomputed on rebuild, never fed back);
-* ``UniformTypeKVCacheSpecs`` keeps its per-layer specs in order as runs:
-  ``"kv_cache_specs": [{"layer_names": [...], "spec": {...}}, ...]``;
+* per-layer spec maps (``UniformTypeKVCacheSpecs.kv_cache_specs``, the
+  fixture's ``layer_specs``) are ``{"specs": [distinct specs], "layers":
+  [[layer_name, index into specs], ...]}`` in layer order;
 * ``torch.dtype`` -> ``"torch.bfloat16"`` (fields ``dtype`` / ``dtypes``);
   enums -> ``{"__enum__": cls, "name": member}``; ``MultipleOf(n)`` ->
   ``{"__multiple_of__": n}``; ``Fraction`` -> ``{"__fraction__": "p/q"}``;
@@ -56,6 +57,7 @@ __all__ = [
     "cpu_platform_patches",
     "decode_spec",
     "dump_fixture",
+    "engine_vllm_config",
     "encode_kv_cache_config",
     "encode_spec",
     "fixture_names",
@@ -200,24 +202,24 @@ def _init_fields(spec: Any) -> dict[str, Any]:
     return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.init}
 
 
-def _runs(specs: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Ordered ``{layer: spec}`` as runs of consecutive layers with an equal encoding."""
-    runs: list[dict[str, Any]] = []
+def _spec_map(specs: Mapping[str, Any]) -> dict[str, Any]:
+    """Ordered ``{layer: spec}`` as a small table: distinct specs + ``[layer, index]`` rows."""
+    table: list[dict[str, Any]] = []
+    rows: list[list[Any]] = []
     for layer_name, spec in specs.items():
         encoded = encode_spec(spec)
-        if runs and runs[-1]["spec"] == encoded:
-            runs[-1]["layer_names"].append(layer_name)
-        else:
-            runs.append({"layer_names": [layer_name], "spec": encoded})
-    return runs
+        try:
+            index = table.index(encoded)
+        except ValueError:
+            index = len(table)
+            table.append(encoded)
+        rows.append([layer_name, index])
+    return {"specs": table, "layers": rows}
 
 
-def _from_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    specs: dict[str, Any] = {}
-    for run in runs:
-        for layer_name in run["layer_names"]:
-            specs[layer_name] = decode_spec(run["spec"])
-    return specs
+def _from_spec_map(encoded: Mapping[str, Any]) -> dict[str, Any]:
+    table = encoded["specs"]
+    return {layer_name: decode_spec(table[index]) for layer_name, index in encoded["layers"]}
 
 
 def encode_spec(spec: Any) -> dict[str, Any]:
@@ -228,7 +230,7 @@ def encode_spec(spec: Any) -> dict[str, Any]:
     if isinstance(spec, V.UniformTypeKVCacheSpecs):
         inner = init.pop("kv_cache_specs")
         out["fields"] = {k: _encode_value(v) for k, v in init.items()}
-        out["kv_cache_specs"] = _runs(inner)
+        out["kv_cache_specs"] = _spec_map(inner)
     else:
         out["fields"] = {k: _encode_value(v) for k, v in init.items()}
     out["properties"] = _spec_properties(spec)
@@ -248,7 +250,7 @@ def decode_spec(encoded: Mapping[str, Any]) -> Any:
     cls = _spec_class(encoded)
     kwargs = {k: _decode_field(k, v) for k, v in encoded["fields"].items()}
     if "kv_cache_specs" in encoded:
-        kwargs["kv_cache_specs"] = _from_runs(encoded["kv_cache_specs"])
+        kwargs["kv_cache_specs"] = _from_spec_map(encoded["kv_cache_specs"])
     return cls(**kwargs)
 
 
@@ -306,7 +308,9 @@ def decode_kv_cache_config(encoded: Mapping[str, Any]) -> Any:
         if f.name == "kv_cache_groups":
             kwargs[f.name] = [_decode_group(g) for g in value]
         elif f.name == "kv_cache_tensors":
-            kwargs[f.name] = [V.KVCacheTensor(**{k: _decode_value(v) for k, v in t.items()}) for t in value]
+            kwargs[f.name] = [
+                V.KVCacheTensor(**{k: _decode_value(v) for k, v in t.items()}) for t in value
+            ]
         else:
             kwargs[f.name] = _decode_value(value)
     return V.KVCacheConfig(**kwargs)
@@ -355,13 +359,15 @@ def rebuild_kv_cache_config(fixture: Mapping[str, Any], view: str = "scheduler")
         return decode_kv_cache_config(fixture["scheduler_kv_cache_config"])
     if view == "worker":
         worker = fixture.get("worker_kv_cache_config")
-        return decode_kv_cache_config(worker if worker is not None else fixture["scheduler_kv_cache_config"])
+        return decode_kv_cache_config(
+            worker if worker is not None else fixture["scheduler_kv_cache_config"]
+        )
     raise ValueError(f"view must be 'scheduler' or 'worker', got {view!r}")
 
 
 def rebuild_layer_specs(fixture: Mapping[str, Any]) -> dict[str, Any]:
     """The per-layer specs one worker reported (the input of vLLM's grouping), in order."""
-    return _from_runs(fixture["layer_specs"])
+    return _from_spec_map(fixture["layer_specs"])
 
 
 # ---------------------------------------------------------------------------
@@ -369,51 +375,47 @@ def rebuild_layer_specs(fixture: Mapping[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------
 
 
-def _base_configs(
-    fixture: Mapping[str, Any], *, post_init: bool
-) -> dict[str, Any]:
-    """Keyword arguments for ``VllmConfig`` (minus the KV-transfer config)."""
-    args = fixture["engine_args"]
+def engine_vllm_config(
+    model_dir: str | Path, engine_args: Mapping[str, Any], kv_transfer_config: Any
+) -> tuple[Any, list[str]]:
+    """The ``VllmConfig`` an engine starts with for these engine args (before KV-cache init).
+
+    Shared by the derivation and :func:`make_vllm_config`, so both start from the
+    same state.  Returns the config and the CPU patches applied while building it.
+    """
     model_config = V.ModelConfig(
-        model=str(model_dir_path(fixture)),
+        model=str(model_dir),
         skip_tokenizer_init=True,
-        language_model_only=bool(args.get("language_model_only", False)),
-        max_model_len=args.get("max_model_len"),
+        language_model_only=bool(engine_args.get("language_model_only", False)),
+        max_model_len=engine_args.get("max_model_len"),
     )
-    resolved = fixture["resolved"]
-    block_size = args.get("block_size")
-    cache_dtype = args.get("kv_cache_dtype", "auto")
     cache_kwargs: dict[str, Any] = {
-        "enable_prefix_caching": bool(args.get("enable_prefix_caching", True)),
+        "enable_prefix_caching": bool(engine_args.get("enable_prefix_caching", True)),
+        "cache_dtype": engine_args.get("kv_cache_dtype", "auto"),
     }
-    if args.get("prefix_match_unit") is not None:
-        cache_kwargs["prefix_match_unit"] = args["prefix_match_unit"]
-    if args.get("mamba_cache_mode") is not None:
-        cache_kwargs["mamba_cache_mode"] = args["mamba_cache_mode"]
-    if post_init:
-        # The engine core's state after KV-cache init: vLLM rewrites these.
-        block_size = resolved["cache_config_block_size"]
-        cache_dtype = resolved["cache_dtype"]
-    if block_size is not None:
-        cache_kwargs["block_size"] = block_size
-    cache_kwargs["cache_dtype"] = cache_dtype
-    cache_config = V.CacheConfig(**cache_kwargs)
-    scheduler_config = V.SchedulerConfig(
-        max_model_len=model_config.max_model_len,
-        is_encoder_decoder=model_config.is_encoder_decoder,
-        disable_hybrid_kv_cache_manager=bool(args.get("disable_hybrid_kv_cache_manager", False)),
-    )
-    parallel_config = V.ParallelConfig(
-        tensor_parallel_size=int(args.get("tensor_parallel_size", 1)),
-    )
-    return {
+    for key in ("block_size", "prefix_match_unit", "mamba_cache_mode"):
+        if engine_args.get(key) is not None:
+            cache_kwargs[key] = engine_args[key]
+    kwargs = {
         "model_config": model_config,
-        "cache_config": cache_config,
-        "scheduler_config": scheduler_config,
-        "parallel_config": parallel_config,
-        # UnspecifiedPlatform has no device type; vLLM's own CPU tests pass "cpu".
+        "cache_config": V.CacheConfig(**cache_kwargs),
+        "scheduler_config": V.SchedulerConfig(
+            max_model_len=model_config.max_model_len,
+            is_encoder_decoder=model_config.is_encoder_decoder,
+            disable_hybrid_kv_cache_manager=bool(
+                engine_args.get("disable_hybrid_kv_cache_manager", False)
+            ),
+        ),
+        "parallel_config": V.ParallelConfig(
+            tensor_parallel_size=int(engine_args.get("tensor_parallel_size", 1)),
+        ),
+        # UnspecifiedPlatform has no device type; vLLM's own CPU connector tests pass "cpu".
         "device_config": V.DeviceConfig(device="cpu"),
+        "kv_transfer_config": kv_transfer_config,
     }
+    with cpu_platform_patches() as patches:
+        vllm_config = V.VllmConfig(**kwargs)
+    return vllm_config, list(patches)
 
 
 def _kv_transfer_config(
@@ -451,21 +453,27 @@ def make_vllm_config(
     HMA on, ``language_model_only`` for Gemma-4), and a ``KVTransferConfig`` for
     ``connector`` (``kv_both``) whose ``kv_connector_extra_config`` is
     ``{"spec_name": "CPUOffloadingSpec", "cpu_bytes_to_use": cpu_bytes, **extra_config}``.
-    Then what ``_initialize_kv_caches`` writes back: ``cache_config.block_size``
-    (min prefix-cacheable group block size), the resolved ``cache_dtype`` (DSv4:
-    ``fp8_ds_mla``), ``kv_cache_layout`` and ``num_gpu_blocks``.
+    Then what model init and ``_initialize_kv_caches`` write back:
+    ``cache_config.cache_dtype`` (DSv4: ``fp8`` -> ``fp8_ds_mla``),
+    ``cache_config.block_size`` (min prefix-cacheable group block size),
+    ``kv_cache_layout`` and ``num_gpu_blocks``.
 
     CPU deviations: ``DeviceConfig("cpu")`` and :func:`cpu_platform_patches`
     around the ``VllmConfig`` construction (HMA on needs it), nothing else.
     """
-    kwargs = _base_configs(fixture, post_init=True)
-    kwargs["kv_transfer_config"] = _kv_transfer_config(
-        extra_config, connector=connector, connector_module_path=connector_module_path, cpu_bytes=cpu_bytes
+    kv_transfer_config = _kv_transfer_config(
+        extra_config,
+        connector=connector,
+        connector_module_path=connector_module_path,
+        cpu_bytes=cpu_bytes,
     )
-    with cpu_platform_patches():
-        vllm_config = V.VllmConfig(**kwargs)
+    vllm_config, _ = engine_vllm_config(
+        model_dir_path(fixture), fixture["engine_args"], kv_transfer_config
+    )
+    # What model init and EngineCore._initialize_kv_caches write back.
     cache_config = vllm_config.cache_config
     resolved = fixture["resolved"]
+    cache_config.cache_dtype = resolved["cache_dtype"]
     cache_config.block_size = resolved["cache_config_block_size"]
     cache_config.kv_cache_layout = fixture["kv_cache_layout"]
     cache_config.num_gpu_blocks = fixture["scheduler_kv_cache_config"]["num_blocks"]
@@ -524,7 +532,10 @@ def _regenerate(names: list[str], check: bool) -> int:
     targets = names or list(RECIPES)
     unknown = [n for n in targets if n not in RECIPES]
     if unknown:
-        print(f"unknown fixture(s): {', '.join(unknown)}; known: {', '.join(RECIPES)}", file=sys.stderr)
+        print(
+            f"unknown fixture(s): {', '.join(unknown)}; known: {', '.join(RECIPES)}",
+            file=sys.stderr,
+        )
         return 2
     failed = False
     for name in targets:
@@ -550,15 +561,23 @@ def _regenerate(names: list[str], check: bool) -> int:
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
-            print(f"{name}: {'unchanged' if old == text else 'written'} ({elapsed:.1f} s) -> {path}")
+            print(
+                f"{name}: {'unchanged' if old == text else 'written'} ({elapsed:.1f} s) -> {path}"
+            )
     return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vllm_adapter.fixtures", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m vllm_adapter.fixtures", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     regen = sub.add_parser("regenerate", help="re-derive fixtures with vLLM and rewrite the JSON")
-    regen.add_argument("--check", action="store_true", help="write nothing; exit 1 and print a diff on any difference")
+    regen.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 and print a diff on any difference",
+    )
     regen.add_argument("names", nargs="*", help="fixture names (default: all)")
     args = parser.parse_args(argv)
     if args.command == "regenerate":
@@ -568,4 +587,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -252,3 +252,35 @@ def load_deepseek_v4_layer_api() -> _SimpleNamespace:
         dsa_indexer_uses_fp4=dsa_indexer_uses_fp4,
         DeepseekV4SWACache=DeepseekV4SWACache,
     )
+
+
+# --- reference spec / data lane ---
+# Used by vllm_adapter.spec (ReferenceOffloadingSpec) and conformance.kvdata
+# (synthetic model runner).  Self-contained like the sections above.
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker import (  # noqa: E402, F401
+    OffloadingConnectorWorker,
+)
+from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups  # noqa: E402, F401
+from vllm.v1.kv_cache_interface import (  # noqa: E402, F401, F811
+    AttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheLayout,
+    KVCacheTensor,
+    MambaSpec,
+    UniformTypeKVCacheSpecs,
+    group_kernel_blocks,
+)
+from vllm.v1.kv_offload.base import (  # noqa: E402, F401, F811
+    CanonicalKVCacheRef,
+    CanonicalKVCaches,
+    CanonicalKVCacheTensor,
+    GPULoadStoreSpec,
+    OffloadingSpec,
+    OffloadingWorker,
+    TransferResult,
+)
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingInfo  # noqa: E402, F401
+from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: E402, F401, F811
+from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec  # noqa: E402, F401, F811
+from vllm.v1.worker.utils import allocate_kv_cache  # noqa: E402, F401

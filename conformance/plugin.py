@@ -1,0 +1,40 @@
+"""pytest plugin for the conformance lanes: ``--backend`` and shared fixtures."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conformance.backends import Backend, load_backend
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--backend",
+        default=os.environ.get("KVCHUNK_BACKEND", "vllm"),
+        help="implementation under test: vllm (default), reference, or module:object",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from hypothesis import HealthCheck, settings
+
+    common = dict(
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                               HealthCheck.filter_too_much],
+        print_blob=True,
+        derandomize=False,
+    )
+    settings.register_profile("ci", max_examples=200, **common)
+    settings.register_profile("deep", max_examples=3000, **common)
+    settings.register_profile("dev", max_examples=20, **common)
+    settings.load_profile(os.environ.get("KVCHUNK_PROFILE", "ci"))
+    for lane in ("config", "plan", "data", "gpu_copy", "e2e", "faults", "meta"):
+        config.addinivalue_line("markers", f"{lane}: conformance lane {lane}")
+
+
+@pytest.fixture(scope="session")
+def backend(request: pytest.FixtureRequest) -> Backend:
+    return load_backend(request.config.getoption("--backend"))
