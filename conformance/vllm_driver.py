@@ -303,6 +303,10 @@ def build_vllm_config(
         live_extra["cpu_bytes_to_use"] = 1
         probe = V.CPUOffloadingSpec(V.build_offloading_config(vllm_config, resolved))
         live_extra["cpu_bytes_to_use"] = max(1, probe.kv_bytes_per_chunk * num_cpu_chunks)
+    uses_reference_spec = live_extra.get("spec_name") == "ReferenceOffloadingSpec"
+    if uses_reference_spec and not ({"num_cpu_chunks", "cpu_bytes_to_use"} & set(live_extra)):
+        # vllm_adapter.spec.ReferenceOffloadingSpec takes the chunk count directly.
+        live_extra["num_cpu_chunks"] = num_cpu_chunks
     return vllm_config, resolved
 
 
@@ -756,9 +760,16 @@ class DriverSession:
         faults: Iterable[JobFault] = (),
         default_delay_steps: int = 0,
         record: bool = True,
+        model_runner: Any | None = None,
     ) -> None:
         self.driver = driver
         self.vllm_config = vllm_config
+        self.model_runner = model_runner
+        if model_runner is not None and faults:
+            raise ValueError(
+                "faults are emulated by the TransferEngine; a session with a model_runner "
+                "runs the spec's real OffloadingWorker and cannot inject them"
+            )
         self.kv_cache_config = driver.kv_cache_config
         self.step_no = 0
         self.faults: dict[int, JobFault] = {f.job_index: f for f in faults}
@@ -790,12 +801,22 @@ class DriverSession:
         self._block_hasher = V.get_request_block_hasher(
             hash_block, hash_fn, vllm_config.num_hash_lookahead_tokens
         )
-        # Worker side: the connector's real worker half over an emulated transfer engine.
-        self.worker_connector = V.KVConnectorFactory.create_connector(
-            config=vllm_config, role=V.KVConnectorRole.WORKER, kv_cache_config=self.kv_cache_config
+        # Worker side: the connector's real worker half over an emulated transfer engine,
+        # or (with a model_runner) over the spec's own OffloadingWorker, built by
+        # register_kv_caches from the runner's KV tensors as the GPU model runner does.
+        worker_kv_cache_config = (
+            self.kv_cache_config if model_runner is None else driver.worker_kv_cache_config
         )
-        self.engine = TransferEngine(self)
-        self.worker_connector.connector_worker.worker = self.engine
+        self.worker_connector = V.KVConnectorFactory.create_connector(
+            config=vllm_config, role=V.KVConnectorRole.WORKER, kv_cache_config=worker_kv_cache_config
+        )
+        self.engine: TransferEngine | None
+        if model_runner is None:
+            self.engine = TransferEngine(self)
+            self.worker_connector.connector_worker.worker = self.engine
+        else:
+            self.engine = None
+            self.worker_connector.register_kv_caches(model_runner.kv_caches)
         self.vocab_size = vllm_config.model_config.get_vocab_size()
         self.load_req: dict[int, str] = {}
 
@@ -854,7 +875,10 @@ class DriverSession:
         if self.scheduler.has_unfinished_requests() or self.scheduler.finished_req_ids:
             return True
         unsubmitted = getattr(self.worker_connector.connector_worker, "_unsubmitted_store_jobs", ())
-        due = any(d is not None for d in self.engine.due.values())
+        if self.engine is not None:
+            due = any(d is not None for d in self.engine.due.values())
+        else:
+            due = bool(getattr(self.worker_connector.connector_worker.worker, "in_flight", ()))
         return bool(due or unsubmitted)
 
     def step(self) -> None:
@@ -871,11 +895,21 @@ class DriverSession:
         self._note_dispatched(meta)
         wc.handle_preemptions(meta)
         wc.bind_connector_metadata(meta)
+        runner = self.model_runner
+        if runner is not None and hasattr(runner, "before_start_load_kv"):
+            runner.before_start_load_kv(self, so)
         wc.start_load_kv(None)
+        if runner is not None and hasattr(runner, "execute_model"):
+            runner.execute_model(self, so)  # the forward pass: after loads, before stores
         wc.wait_for_save()
         results = wc.get_transfer_results(so.finished_req_ids)
         worker_meta = wc.build_connector_worker_meta()
         wc.clear_connector_metadata()
+        world_size = self.vllm_config.parallel_config.world_size
+        if runner is not None and worker_meta is not None and world_size > 1:
+            # One emulated worker stands for all ranks: report each job world_size times,
+            # as the executor's aggregation of every rank's worker meta would.
+            worker_meta.completed_jobs = {j: n * world_size for j, n in worker_meta.completed_jobs.items()}
         failed = set()
         completed = getattr(worker_meta, "completed_jobs", {}) or {}
         for job_id in completed:
@@ -1006,9 +1040,15 @@ class VllmDriver:
     from a fresh scheduler, connector and CPU tier.
     """
 
-    def __init__(self, kv_cache_config: Any, vllm_config: Any) -> None:
+    def __init__(
+        self, kv_cache_config: Any, vllm_config: Any, *, worker_kv_cache_config: Any | None = None
+    ) -> None:
         self.kv_cache_config = kv_cache_config
         self.vllm_config = vllm_config
+        self.worker_kv_cache_config = (
+            kv_cache_config if worker_kv_cache_config is None else worker_kv_cache_config
+        )
+        """What the workers get (``UniformTypeKVCacheSpecs`` unflattened); used with a model_runner."""
 
     @classmethod
     def from_kv_cache_config(cls, kv_cache_config: Any, **kwargs: Any) -> VllmDriver:
@@ -1023,8 +1063,19 @@ class VllmDriver:
         faults: Iterable[JobFault] = (),
         default_delay_steps: int = 0,
         record: bool = True,
+        model_runner: Any | None = None,
     ) -> DriverSession:
-        """A fresh scheduler + connector; ``record=False`` installs no wrappers."""
+        """A fresh scheduler + connector; ``record=False`` installs no wrappers.
+
+        ``model_runner`` (e.g. :class:`conformance.kvdata.SyntheticModelRunner`)
+        switches the worker side to real bytes: its ``kv_caches`` go to the
+        worker connector's ``register_kv_caches`` (so the spec in the extra
+        config builds its real ``OffloadingWorker``, e.g.
+        ``vllm_adapter.spec.ReferenceOffloadingSpec``), and each step calls its
+        optional ``before_start_load_kv(session, scheduler_output)`` and
+        ``execute_model(session, scheduler_output)`` (after ``start_load_kv``,
+        before ``wait_for_save``).  No faults then.
+        """
         vllm_config = self.vllm_config
         if (
             max_num_batched_tokens is not None
@@ -1038,7 +1089,12 @@ class VllmDriver:
             vllm_config = copy.copy(vllm_config)
             vllm_config.scheduler_config = sc
         return DriverSession(
-            self, vllm_config, faults=faults, default_delay_steps=default_delay_steps, record=record
+            self,
+            vllm_config,
+            faults=faults,
+            default_delay_steps=default_delay_steps,
+            record=record,
+            model_runner=model_runner,
         )
 
     def run(self, spec: WorkloadSpec) -> Trace:

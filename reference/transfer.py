@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -187,8 +187,9 @@ class TensorCopies:
     Row ``i`` moves bytes ``[0, nbytes[i])`` of row ``block_ids[i]`` of the
     canonical tensor to/from bytes ``[slot_offsets[i], slot_offsets[i] + nbytes[i])``
     of slot ``slot_ids[i]``; ``sub_slots[i]`` is the sub-slot index behind that
-    offset.  Rows are group-major (offloading order), then ref order, then block
-    order; ``runs`` partitions them.  All tensors are int64 on the CPU.
+    offset.  Rows are group-major (offloading order), then in block order (a group
+    refers to a tensor at most once); ``runs`` partitions them.  All tensors are
+    int64 on the CPU.
     """
 
     tensor_index: int
@@ -292,17 +293,11 @@ def _tensor_copies(t: int, page: int, pieces: list[_Piece]) -> TensorCopies:
     start = 0
     for piece in pieces:
         stop = start + int(piece.block_ids.numel())
-        run = CopyRun(start, stop, piece.region_offset, piece.blocks_per_chunk, piece.nbytes)
-        last = runs[-1] if runs else None
-        if last and (last.region_offset, last.blocks_per_chunk, last.nbytes) == (
-            run.region_offset,
-            run.blocks_per_chunk,
-            run.nbytes,
-        ):
-            run = CopyRun(last.start, stop, run.region_offset, run.blocks_per_chunk, run.nbytes)
-            runs[-1] = run
+        shape = (piece.region_offset, piece.blocks_per_chunk, piece.nbytes)
+        if runs and (runs[-1].region_offset, runs[-1].blocks_per_chunk, runs[-1].nbytes) == shape:
+            runs[-1] = replace(runs[-1], stop=stop)  # same copy shape: extend the run
         else:
-            runs.append(run)
+            runs.append(CopyRun(start, stop, *shape))
         start = stop
     block_ids = torch.cat([p.block_ids for p in pieces])
     slot_ids = torch.cat([p.slot_ids for p in pieces])
@@ -523,10 +518,6 @@ def _check_tensors(
     for t, (tensor, page) in enumerate(zip(gpu_tensors, layout.page_bytes, strict=True)):
         _check_rows(f"gpu_tensors[{t}]", tensor, page)
     _check_rows("pool", pool, layout.slot_bytes)
-    if pool.stride(0) < layout.slot_bytes:
-        raise ValueError(
-            f"pool rows overlap: row stride {pool.stride(0)} < slot_bytes {layout.slot_bytes}"
-        )
     for copies in plan:
         if copies.num_copies == 0:
             continue
@@ -557,6 +548,8 @@ def _check_rows(name: str, tensor: torch.Tensor, width: int) -> None:
         raise ValueError(f"{name} rows are {tensor.shape[1]} bytes wide; the layout says {width}")
     if tensor.stride(1) != 1:
         raise ValueError(f"{name} must have contiguous rows (stride {tensor.stride()})")
+    if tensor.shape[0] > 1 and tensor.stride(0) < width:
+        raise ValueError(f"{name} rows overlap: row stride {tensor.stride(0)} < {width} bytes")
 
 
 def _ids_tensor(name: str, values: IdsLike) -> torch.Tensor:

@@ -338,6 +338,17 @@ MUTATIONS: dict[str, Mutation] = {
         list(ts.gpu),
         torch.zeros(c.num_slots, c.layout.slot_bytes + 8, dtype=torch.uint8),
     ),
+    "gpu rows overlap": lambda c, ts: (
+        (
+            c.job,
+            _with_gpu(
+                ts, 0, ts.gpu[0].as_strided(ts.gpu[0].shape, (c.layout.page_bytes[0] // 2, 1))
+            ),
+            ts.pool,
+        )
+        if c.num_blocks > 1
+        else None
+    ),
     "too few gpu tensors": lambda c, ts: (c.job, list(ts.gpu)[:-1], ts.pool),
     "gpu tensors on two devices": lambda c, ts: (
         (

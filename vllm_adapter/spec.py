@@ -172,14 +172,24 @@ class ReferenceOffloadingWorker(V.OffloadingWorker):
 
     def _run(self, job_id: int, gpu_spec: Any, cpu_spec: Any, store: bool) -> bool:
         if not isinstance(gpu_spec, V.GPULoadStoreSpec):
-            raise TypeError(f"job {job_id}: expected a GPULoadStoreSpec, got {type(gpu_spec).__name__}")
+            raise TypeError(
+                f"job {job_id}: expected a GPULoadStoreSpec, got {type(gpu_spec).__name__}"
+            )
         slot_ids = torch.from_numpy(cpu_spec.block_ids.astype("int64", copy=False))
         block_ids = torch.from_numpy(gpu_spec.block_ids.astype("int64", copy=False))
         group_sizes = [int(n) for n in gpu_spec.group_sizes]
         block_indices = [int(i) for i in gpu_spec.block_indices]
         start = time.perf_counter()
         copy = gather if store else scatter
-        copy(self.layout, self.gpu_tensors, self.pool, block_ids, group_sizes, block_indices, slot_ids)
+        copy(
+            self.layout,
+            self.gpu_tensors,
+            self.pool,
+            block_ids,
+            group_sizes,
+            block_indices,
+            slot_ids,
+        )
         if not store and self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         elapsed = time.perf_counter() - start
