@@ -12,10 +12,10 @@ user knob into a :class:`reference.knobs.Chunking`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class GroupKind(str, Enum):
+class GroupKind(StrEnum):
     """How a group's attention reaches back, which decides what a hit needs."""
 
     FULL = "full"

@@ -76,7 +76,7 @@ def test_round_trip_and_sound_hits(chunking: Chunking, tokens: list[int], budget
         for k in range(first_chunk, cdiv(hit, gc.tokens_per_chunk)):
             assert chunk_key(hashes, gc, k) in ready_before, (gc.group.describe(), k, hit)
     # A hit never reaches past the prefix the two requests share.
-    common = next((i for i, (x, y) in enumerate(zip(tokens, second)) if x != y), min(len(tokens), len(second)))
+    common = next((i for i, (x, y) in enumerate(zip(tokens, second, strict=False)) if x != y), min(len(tokens), len(second)))
     assert hit <= common
     # Round trip: each loaded block holds exactly the bytes request "a" computed there.
     first_req = sim.requests["a"]

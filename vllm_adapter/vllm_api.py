@@ -1,3 +1,4 @@
+# ruff: noqa: I001, F811
 """Every vLLM import of kvchunk, and nothing else.
 
 Other modules do ``from vllm_adapter import vllm_api as V`` and reach vLLM

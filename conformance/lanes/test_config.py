@@ -11,7 +11,7 @@ xfails from ``conformance/deviations/vllm.toml``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import pytest
@@ -55,7 +55,7 @@ class ConfigCase:
 CASES = [ConfigCase(f, tuple(k.items())) for f in FIXTURES for k in KNOBS]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _fixture(name: str) -> dict[str, Any]:
     return F.load_fixture(name)
 
