@@ -497,3 +497,52 @@ class SyntheticModelRunner:
                 (view.shape[0], nbytes), (view.stride(0), 1), view.storage_offset()
             )
             mask.index_fill_(0, idx, True)
+
+
+# ---------------------------------------------------------------------------
+# Drivers for the real-model fixtures
+# ---------------------------------------------------------------------------
+
+REFERENCE_SPEC = {"spec_name": "ReferenceOffloadingSpec", "spec_module_path": "vllm_adapter.spec"}
+"""The ``kv_connector_extra_config`` keys selecting :class:`vllm_adapter.spec.ReferenceOffloadingSpec`."""
+
+
+def fixture_driver(
+    name: str,
+    extra_config: dict[str, Any],
+    *,
+    num_gpu_blocks: int,
+    num_cpu_chunks: int,
+    connector: str = "OffloadingConnector",
+    connector_module_path: str | None = None,
+    max_num_batched_tokens: int | None = None,
+) -> Any:
+    """A :class:`~conformance.vllm_driver.VllmDriver` for a stored model fixture, shrunk.
+
+    The fixture's engine config (``vllm_adapter.fixtures.make_vllm_config``)
+    with the :data:`REFERENCE_SPEC` spec and ``num_cpu_chunks`` CPU chunks
+    added to ``extra_config``, ``num_gpu_blocks`` GPU blocks (KV tensors
+    re-planned by vLLM for that size, scheduler and worker views alike) and
+    synchronous scheduling (the driver keeps one batch in flight).
+    """
+    from conformance import vllm_driver as D
+    from vllm_adapter import fixtures as fx
+
+    data = fx.load_fixture(name)
+    extra = {**extra_config, **REFERENCE_SPEC, "num_cpu_chunks": num_cpu_chunks}
+    vllm_config = fx.make_vllm_config(
+        data, extra, connector=connector, connector_module_path=connector_module_path
+    )
+    sc = copy.copy(vllm_config.scheduler_config)
+    sc.async_scheduling = False
+    if max_num_batched_tokens is not None:
+        sc.max_num_batched_tokens = max_num_batched_tokens
+        sc.max_num_encoder_input_tokens = max_num_batched_tokens
+        sc.encoder_cache_size = max_num_batched_tokens
+    vllm_config.scheduler_config = sc
+    vllm_config.cache_config.num_gpu_blocks = num_gpu_blocks
+    worker = shrink_kv_cache_config(fx.rebuild_kv_cache_config(data, "worker"), vllm_config, num_gpu_blocks)
+    scheduler = shrink_kv_cache_config(
+        worker, vllm_config, num_gpu_blocks, like=fx.rebuild_kv_cache_config(data, "scheduler")
+    )
+    return D.VllmDriver(scheduler, vllm_config, worker_kv_cache_config=worker)

@@ -77,7 +77,7 @@ class SimEngine:
         self,
         chunking: Chunking,
         num_slots: int = 256,
-        policy: Policy = Policy(),
+        policy: Policy | None = None,
         blocks_per_group: int = 4096,
     ) -> None:
         self.chunking = chunking
@@ -98,7 +98,7 @@ class SimEngine:
         )
         self.gpu = [torch.zeros(blocks_per_group, p, dtype=torch.uint8) for p in pages]
         self.store = ChunkStore(num_slots, slot_bytes=self.layout.slot_bytes)
-        self.planner = Planner(chunking, self.store, policy)
+        self.planner = Planner(chunking, self.store, policy or Policy())
         self.next_block = 1  # one block pool for all groups, as in vLLM; 0 is the null block
         self.num_groups = max(gc.group.index for gc in groups) + 1
         self.blocks_per_group = blocks_per_group
