@@ -92,20 +92,35 @@ def block_seed(layer: str, block_index: int, prefix_hash: int) -> bytes:
     return hashlib.blake2b(key, digest_size=8).digest()
 
 
-_pattern_cache: dict[tuple[str, int], torch.Tensor] = {}
+_PATTERN_WORDS = 1 << 17  # 1 MiB of pattern, repeated for longer pages
+_pattern_cache: dict[str, torch.Tensor] = {}
 
 
-def _pattern(nbytes: int, device: torch.device) -> torch.Tensor:
-    """Fixed pseudo-random bytes (the same for every layer and block), at least ``nbytes``."""
-    key = (str(device), 0)
-    have = _pattern_cache.get(key)
-    if have is None or have.numel() < nbytes:
-        size = max(nbytes, 1 << 16)
+def _pattern_words(nwords: int, device: torch.device) -> torch.Tensor:
+    """int64 ``[nwords]``: fixed pseudo-random words, the same for every layer and block."""
+    have = _pattern_cache.get(str(device))
+    if have is None:
         gen = torch.Generator().manual_seed(_PATTERN_SEED)
-        base = torch.randint(0, 256, (size,), generator=gen, dtype=torch.uint8)
-        have = base.to(device)
-        _pattern_cache[key] = have
-    return have[:nbytes]
+        base = torch.randint(0, 256, (_PATTERN_WORDS * 8,), generator=gen, dtype=torch.uint8)
+        have = base.view(torch.int64).to(device)
+        _pattern_cache[str(device)] = have
+    if nwords <= have.numel():
+        return have[:nwords]
+    return have.repeat(-(-nwords // have.numel()))[:nwords]
+
+
+def expected_words(
+    layer: str,
+    block_indices: Sequence[int],
+    hashes: Sequence[int],
+    nwords: int,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """int64 ``[n, nwords]``: the pattern XOR each row's 8-byte :func:`block_seed`."""
+    device = torch.device(device)
+    seeds = b"".join(block_seed(layer, i, h) for i, h in zip(block_indices, hashes, strict=True))
+    seed = torch.frombuffer(bytearray(seeds), dtype=torch.int64).to(device)
+    return _pattern_words(nwords, device).unsqueeze(0) ^ seed.unsqueeze(1)
 
 
 def expected_rows(
@@ -116,11 +131,8 @@ def expected_rows(
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """``[n, nbytes]`` uint8: row ``k`` is :func:`expected_bytes` of ``(layer, block_indices[k], hashes[k])``."""
-    device = torch.device(device)
-    seeds = b"".join(block_seed(layer, i, h) for i, h in zip(block_indices, hashes, strict=True))
-    seed = torch.frombuffer(bytearray(seeds), dtype=torch.uint8).view(-1, 8).to(device)
-    period = torch.arange(nbytes, device=device) % 8
-    return _pattern(nbytes, device).unsqueeze(0) ^ seed[:, period]
+    words = expected_words(layer, block_indices, hashes, -(-nbytes // 8), device)
+    return words.view(torch.uint8)[:, :nbytes]
 
 
 def expected_bytes(
@@ -152,6 +164,23 @@ class LayerPages:
     nbytes: int
     pages: torch.Tensor
     """uint8 ``[num_blocks, nbytes]`` view into the KV memory (row stride = block stride)."""
+
+    @property
+    def data(self) -> torch.Tensor:
+        """``pages`` as int64 words when size, stride and address allow, else ``pages``."""
+        p = self.pages
+        if self.nbytes % 8 == 0 and p.stride(0) % 8 == 0 and p.data_ptr() % 8 == 0:
+            return p.view(torch.int64)
+        return p
+
+    def rows(self, positions: Sequence[int], hashes: Sequence[int]) -> torch.Tensor:
+        """The expected contents of blocks at ``positions``, shaped like ``data`` rows."""
+        words = expected_words(
+            self.name, positions, hashes, -(-self.nbytes // 8), self.pages.device
+        )
+        if self.data.dtype == torch.int64:
+            return words
+        return words.view(torch.uint8)[:, : self.nbytes]
 
 
 @dataclass
@@ -341,9 +370,8 @@ class SyntheticModelRunner:
     def _write(
         self, layer: LayerPages, block_ids: list[int], positions: list[int], hashes: list[int]
     ) -> None:
-        rows = expected_rows(layer.name, positions, hashes, layer.nbytes, self.device)
         ids = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
-        layer.pages.index_copy_(0, ids, rows)
+        layer.data.index_copy_(0, ids, layer.rows(positions, hashes))
 
     def write_request(
         self,
@@ -423,32 +451,33 @@ class SyntheticModelRunner:
 
     def _check_loads(self, session: Any, so: Any) -> None:
         worker = session.worker_connector.connector_worker.worker
-        allowed = [torch.zeros_like(s, dtype=torch.bool) for s in self._snapshots or ()]
+        snapshots = self._snapshots or []
         storage_index = {s.data_ptr(): k for k, s in enumerate(self._storages)}
         for job_id, tj in so.kv_connector_metadata.load_jobs.items():
             self.stats.load_jobs += 1
-            req = session.scheduler.requests[tj.req_id]
-            tokens = req.all_token_ids
+            tokens = session.scheduler.requests[tj.req_id].all_token_ids
+            hashes = self.hashes(tj.req_id, tokens)
             for gid, block_ids, positions in self._job_blocks(tj.dst_spec):
+                self.stats.loaded_blocks_checked += len(block_ids)
                 layers = self.group_layers[gid]
                 tpb = layers[0].tokens_per_block
                 ends = [(i + 1) * tpb for i in positions]
-                if ends[-1] > len(tokens):
-                    self._fail(
-                        f"job {job_id} ({tj.req_id}) loads group {gid} block position {positions[-1]}, "
-                        f"past the request's {len(tokens)} tokens"
-                    )
-                    self.stats.loaded_blocks_checked += len(block_ids)
-                    self.stats.corrupted_loads += len(block_ids)
-                    continue
-                hashes = self.hashes(tj.req_id, tokens)
-                hs = [hashes[e] for e in ends]
                 idx = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
+                # The load may write these rows: make the snapshot agree there.
+                self._forgive(worker, gid, idx, snapshots, storage_index)
+                if ends[-1] > len(tokens):
+                    self.stats.corrupted_loads += len(block_ids)
+                    self._fail(
+                        f"job {job_id} ({tj.req_id}) loads group {gid} block position "
+                        f"{positions[-1]}, past the request's {len(tokens)} tokens"
+                    )
+                    continue
+                hs = [hashes[e] for e in ends]
                 bad = torch.zeros(len(block_ids), dtype=torch.bool, device=self.device)
                 for layer in layers:
-                    want = expected_rows(layer.name, positions, hs, layer.nbytes, self.device)
-                    got = layer.pages.index_select(0, idx)
-                    wrong = (got != want).any(dim=1)
+                    wrong = (layer.data.index_select(0, idx) != layer.rows(positions, hs)).any(
+                        dim=1
+                    )
                     if bool(wrong.any()):
                         k = int(wrong.nonzero()[0])
                         self._fail(
@@ -456,47 +485,48 @@ class SyntheticModelRunner:
                             f"{block_ids[k]} at position {positions[k]} holds wrong bytes"
                         )
                     bad |= wrong
-                self.stats.loaded_blocks_checked += len(block_ids)
                 self.stats.corrupted_loads += int(bad.sum())
-                self._allow(worker, gid, idx, allowed, storage_index)
-        for k, (before, storage) in enumerate(
-            zip(self._snapshots or (), self._storages, strict=True)
-        ):
-            changed = before != _flat_bytes(storage, self.device)
-            foreign = changed & ~allowed[k]
-            n = int(foreign.sum())
-            if n:
-                self.stats.foreign_bytes_changed += n
-                first = int(foreign.nonzero()[0])
-                self._fail(f"{n} bytes outside the loaded blocks changed (first at byte {first})")
+        for before, storage in zip(snapshots, self._storages, strict=True):
+            after = _flat_bytes(storage, self.device)
+            if torch.equal(before, after):
+                continue
+            changed = (before != after).nonzero()
+            self.stats.foreign_bytes_changed += int(changed.numel())
+            self._fail(
+                f"{changed.numel()} bytes outside the loaded blocks changed "
+                f"(first at byte {int(changed[0])} of a {after.numel()}-byte KV buffer)"
+            )
 
-    def _allow(
+    def _forgive(
         self,
         worker: Any,
         gid: int,
         idx: torch.Tensor,
-        allowed: list[torch.Tensor],
+        snapshots: list[torch.Tensor],
         storage_index: dict[int, int],
     ) -> None:
-        """Mark the bytes a load of these blocks may write: the group's canonical rows.
+        """Copy the bytes a load of these blocks may write from the live memory into the snapshot.
 
-        With the reference worker these are its canonical tensors' rows (bytes
-        ``[0, nbytes)`` of every ref of the group); with any other worker, the
-        group's own layer pages.
+        Those are the group's canonical rows -- bytes ``[0, nbytes)`` of row
+        ``b`` of every canonical tensor the group refers to -- taken from the
+        reference worker's layout; with any other worker, the group's layer pages.
         """
         layout = getattr(worker, "layout", None)
         tensors = getattr(worker, "gpu_tensors", None)
         if layout is not None and tensors is not None:
             group = self.offloaded_group_ids.index(gid)
-            views = [(tensors[ref.tensor_index], ref.nbytes) for ref in layout.group_refs[group]]
+            views = [(tensors[r.tensor_index], r.nbytes) for r in layout.group_refs[group]]
         else:
             views = [(layer.pages, layer.nbytes) for layer in self.group_layers[gid]]
         for view, nbytes in views:
             k = storage_index[view.untyped_storage().data_ptr()]
-            mask = allowed[k].as_strided(
-                (view.shape[0], nbytes), (view.stride(0), 1), view.storage_offset()
+            shape, stride = (view.shape[0], nbytes), (view.stride(0), 1)
+            offset = view.storage_offset()
+            live = _flat_bytes(view.untyped_storage(), self.device).as_strided(
+                shape, stride, offset
             )
-            mask.index_fill_(0, idx, True)
+            kept = snapshots[k].as_strided(shape, stride, offset)
+            kept.index_copy_(0, idx, live.index_select(0, idx))
 
 
 # ---------------------------------------------------------------------------
@@ -541,7 +571,9 @@ def fixture_driver(
         sc.encoder_cache_size = max_num_batched_tokens
     vllm_config.scheduler_config = sc
     vllm_config.cache_config.num_gpu_blocks = num_gpu_blocks
-    worker = shrink_kv_cache_config(fx.rebuild_kv_cache_config(data, "worker"), vllm_config, num_gpu_blocks)
+    worker = shrink_kv_cache_config(
+        fx.rebuild_kv_cache_config(data, "worker"), vllm_config, num_gpu_blocks
+    )
     scheduler = shrink_kv_cache_config(
         worker, vllm_config, num_gpu_blocks, like=fx.rebuild_kv_cache_config(data, "scheduler")
     )
