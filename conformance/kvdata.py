@@ -46,14 +46,18 @@ import torch
 from vllm_adapter import vllm_api as V
 
 __all__ = [
+    "REFERENCE_SPEC",
     "DataStats",
     "LayerPages",
     "SyntheticModelRunner",
     "block_seed",
     "expected_bytes",
     "expected_rows",
+    "expected_words",
+    "fixture_driver",
     "prefix_hashes",
     "shrink_kv_cache_config",
+    "with_planned_tensors",
 ]
 
 _MASK64 = (1 << 64) - 1
@@ -196,13 +200,18 @@ class DataStats:
     """Loaded blocks with at least one layer differing from the expected bytes."""
     foreign_bytes_changed: int = 0
     """Bytes outside the loaded rows that changed while loads ran."""
+    offloaded_group_ids: tuple[int, ...] = ()
+    checked_per_group: dict[int, int] = field(default_factory=dict)
+    """Loaded blocks checked, per KV-cache group id."""
     failures: list[str] = field(default_factory=list)
     """The first few mismatches, described."""
 
     def describe(self) -> str:
         return (
             f"{self.load_jobs} load jobs, {self.loaded_blocks_checked} loaded blocks checked, "
-            f"{self.corrupted_loads} corrupted, {self.foreign_bytes_changed} foreign bytes changed"
+            f"{self.corrupted_loads} corrupted, {self.foreign_bytes_changed} foreign bytes changed; "
+            f"checked per group {dict(sorted(self.checked_per_group.items()))} of offloaded "
+            f"groups {list(self.offloaded_group_ids)}"
             + ("".join(f"\n  {f}" for f in self.failures))
         )
 
@@ -227,6 +236,29 @@ def _flat_bytes(storage: Any, device: torch.device) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=device).set_(
         storage, 0, (storage.nbytes(),), (1,)
     )
+
+
+def with_planned_tensors(kv_cache_config: Any, vllm_config: Any, layout: str = "LBHNC") -> Any:
+    """A copy of a hand-made ``kv_cache_config`` with ``kv_cache_tensors`` planned by vLLM.
+
+    ``get_kv_cache_config_from_groups`` places the groups as the engine would:
+    cache groups overlay each other from byte 0, so one layer of each group
+    shares a backing region (vLLM's worker then folds them into one canonical
+    tensor with one ref per group).  Sets ``cache_config.kv_cache_layout`` to
+    ``layout`` when the config has none.
+    """
+    cache = vllm_config.cache_config
+    if cache.kv_cache_layout is None:
+        cache.kv_cache_layout = layout
+    groups = kv_cache_config.kv_cache_groups
+    probe = V.get_kv_cache_config_from_groups(vllm_config, groups, 1 << 30)
+    bytes_per_block = probe.kv_cache_tensors[0].size // probe.num_blocks
+    out = copy.deepcopy(kv_cache_config)
+    planned = V.get_kv_cache_config_from_groups(
+        vllm_config, groups, bytes_per_block * kv_cache_config.num_blocks
+    )
+    out.kv_cache_tensors = planned.kv_cache_tensors
+    return out
 
 
 def shrink_kv_cache_config(
@@ -288,6 +320,7 @@ class SyntheticModelRunner:
         self.num_blocks = int(kv_cache_config.num_blocks)
         self.stats = DataStats()
         self.offloaded_group_ids = tuple(V.get_offloading_group_ids(kv_cache_config))
+        self.stats.offloaded_group_ids = self.offloaded_group_ids
         self.layers: dict[str, LayerPages] = {}
         self.group_layers: dict[int, list[LayerPages]] = {}
         if kv_cache_config.kv_cache_tensors:
@@ -307,7 +340,7 @@ class SyntheticModelRunner:
         for t in self.kv_caches.values():
             storages.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage())
         self._storages = list(storages.values())
-        self._hashes: dict[str, list[int]] = {}
+        self._hashes: dict[str, tuple[list[int], list[int]]] = {}
         self._snapshots: list[torch.Tensor] | None = None
 
     # -- allocation ----------------------------------------------------------
@@ -360,12 +393,21 @@ class SyntheticModelRunner:
     # -- contents ------------------------------------------------------------
 
     def hashes(self, req_id: str, tokens: Sequence[int]) -> list[int]:
-        """Prefix hashes of a request's tokens (cached, extended as tokens arrive)."""
-        have = self._hashes.get(req_id)
-        if have is None or len(have) - 1 > len(tokens):
-            have = [0]
-        self._hashes[req_id] = prefix_hashes(tokens, have)
-        return self._hashes[req_id]
+        """Prefix hashes of (at least) ``tokens``, a request's tokens; cached per request.
+
+        ``out[k]`` hashes ``tokens[:k]``; the cache grows as tokens arrive and
+        is dropped when ``req_id`` turns out to name other tokens.
+        """
+        tokens = list(tokens)
+        seen, have = self._hashes.get(req_id, ([], [0]))
+        n = min(len(seen), len(tokens))
+        if seen[:n] != tokens[:n]:
+            seen, have = [], [0]
+        if len(tokens) > len(seen):
+            have = prefix_hashes(tokens, have)
+            seen = tokens
+        self._hashes[req_id] = (seen, have)
+        return have
 
     def _write(
         self, layer: LayerPages, block_ids: list[int], positions: list[int], hashes: list[int]
@@ -459,6 +501,8 @@ class SyntheticModelRunner:
             hashes = self.hashes(tj.req_id, tokens)
             for gid, block_ids, positions in self._job_blocks(tj.dst_spec):
                 self.stats.loaded_blocks_checked += len(block_ids)
+                per_group = self.stats.checked_per_group
+                per_group[gid] = per_group.get(gid, 0) + len(block_ids)
                 layers = self.group_layers[gid]
                 tpb = layers[0].tokens_per_block
                 ends = [(i + 1) * tpb for i in positions]

@@ -22,7 +22,11 @@ What is real and what is emulated:
   ``OffloadingWorker`` that would copy bytes -- is replaced by
   :class:`TransferEngine`, which moves nothing and reports each job done when
   the workload says so.  ``register_kv_caches`` is not called (there are no
-  KV tensors); the engine is installed directly.
+  KV tensors); the engine is installed directly.  With a ``model_runner``
+  (:meth:`VllmDriver.session`; :class:`conformance.kvdata.SyntheticModelRunner`)
+  the worker side is real instead: the runner's KV tensors go through
+  ``register_kv_caches`` and the spec's own ``OffloadingWorker`` moves bytes
+  (``vllm_adapter.spec.ReferenceOffloadingSpec`` does so on CPU).
 * The model: deterministic sampled tokens, :func:`sampled_token`.
 
 Recording wraps methods of the live objects (instance attributes), calls the

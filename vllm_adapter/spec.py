@@ -149,9 +149,12 @@ class ReferenceOffloadingWorker(V.OffloadingWorker):
         (self.device,) = devices
         if pin_memory is None:
             pin_memory = self.device.type == "cuda"
-        self.store = ChunkStore(int(num_chunks), self.layout.slot_bytes, pin_memory=pin_memory)
-        assert self.store.pool is not None
-        self.pool: torch.Tensor = self.store.pool
+        # Only the pool of this ChunkStore is used: vLLM's manager keeps the books.
+        self.chunk_store = ChunkStore(
+            int(num_chunks), self.layout.slot_bytes, pin_memory=pin_memory
+        )
+        assert self.chunk_store.pool is not None
+        self.pool: torch.Tensor = self.chunk_store.pool
         """uint8 ``[num_chunks, slot_bytes]``: the CPU tier's bytes (slot id = CPU chunk id)."""
         self._group_bytes = tuple(sum(r.nbytes for r in refs) for refs in self.layout.group_refs)
         self._finished: list[Any] = []
@@ -160,7 +163,7 @@ class ReferenceOffloadingWorker(V.OffloadingWorker):
 
     @property
     def num_chunks(self) -> int:
-        return self.store.num_slots
+        return self.chunk_store.num_slots
 
     @property
     def in_flight(self) -> set[int]:

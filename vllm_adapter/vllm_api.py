@@ -282,6 +282,7 @@ from vllm.v1.kv_offload.base import (  # noqa: E402, F401, F811
     TransferResult,
 )
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingInfo  # noqa: E402, F401
+from vllm.v1.kv_offload.cpu.gpu_worker import SingleDirectionOffloadingHandler  # noqa: E402, F401
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: E402, F401, F811
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec  # noqa: E402, F401, F811
 from vllm.v1.worker.utils import allocate_kv_cache  # noqa: E402, F401

@@ -1,0 +1,311 @@
+"""Data lane: real bytes through vLLM 0.33.0's real offloading path.
+
+Every case runs the real ``Scheduler`` + ``OffloadingConnector`` (or kvchunk's
+``KvchunkOffloadingConnector``) scheduler role and the connector's worker role
+with ``vllm_adapter.spec.ReferenceOffloadingSpec``: vLLM's ``CPUOffloadingManager``
+decides, vLLM's ``register_kv_caches`` builds the canonical tensors, and the
+copies are :mod:`reference.transfer`'s.  :class:`conformance.kvdata.SyntheticModelRunner`
+writes deterministic bytes for every computed token and checks every load:
+each loaded block must hold the expected bytes of its position in the loading
+request (in every layer of its group), and nothing else in the KV memory may
+change while loads run.
+
+Workload (:func:`run_workload`): two requests sharing a prefix, prefilled in
+chunks; then, each after a GPU prefix-cache reset so hits come from the CPU
+tier: the prompts again (one extended), a prompt diverging late with a repeat
+arriving while it runs, and several loads in one step.  Small GPU and CPU pools make blocks and chunk slots get
+reused, so stale bytes would show.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from conformance import vllm_driver as D  # noqa: E402
+from conformance.kvdata import (  # noqa: E402
+    REFERENCE_SPEC,
+    DataStats,
+    SyntheticModelRunner,
+    fixture_driver,
+    with_planned_tensors,
+)
+from conformance.trace import RequestSpec  # noqa: E402
+
+KVCHUNK = "KvchunkOffloadingConnector"
+KVCHUNK_MODULE = "vllm_adapter.connector"
+
+
+# ---------------------------------------------------------------------------
+# Workload
+# ---------------------------------------------------------------------------
+
+
+def _tokens(rng: random.Random, n: int) -> tuple[int, ...]:
+    return tuple(rng.randrange(100, 30000) for _ in range(n))
+
+
+def run_workload(driver: D.VllmDriver, *, prompt_len: int, budget: int, seed: int = 0) -> DataStats:
+    """The lane's workload on a fresh session; the runner's stats.
+
+    Every phase after the first starts with a GPU prefix-cache reset, so hits
+    come from the CPU tier; phases 2-4 load one request at a time, phase 5
+    several in one step.
+    """
+    rng = random.Random(seed)
+    p = _tokens(rng, prompt_len)
+    q = p[: prompt_len // 2] + _tokens(rng, prompt_len - prompt_len // 2)
+    longer = p + _tokens(rng, prompt_len // 3)
+    cut = prompt_len - prompt_len // 8
+    diverging = p[:cut] + _tokens(rng, prompt_len // 4)
+    runner = SyntheticModelRunner(driver.worker_kv_cache_config, driver.vllm_config)
+    s = driver.session(model_runner=runner, max_num_batched_tokens=budget, record=False)
+
+    def reset() -> None:
+        assert s.reset_prefix_cache(), "GPU prefix-cache reset refused"
+
+    # 1. Two requests sharing half a prompt, chunked prefill: stores.
+    s.add_request(RequestSpec("a", p, max_tokens=3))
+    s.add_request(RequestSpec("b", q, max_tokens=3))
+    s.run_until_idle()
+    # 2.-3. The prompts again, one extended, one at a time: loads.
+    reset()
+    s.add_request(RequestSpec("a2", longer, max_tokens=2))
+    s.run_until_idle()
+    reset()
+    s.add_request(RequestSpec("b2", q, max_tokens=2))
+    s.run_until_idle()
+    # 4. A prompt diverging late, and a repeat arriving while it runs.
+    reset()
+    s.add_request(RequestSpec("c", diverging, max_tokens=2))
+    s.step()
+    s.step()
+    s.add_request(RequestSpec("a3", p, max_tokens=2))
+    s.run_until_idle()
+    # 5. Several loads in one step.
+    reset()
+    for name, prompt in (("a4", p), ("b4", q), ("c4", diverging)):
+        s.add_request(RequestSpec(name, prompt, max_tokens=2))
+    s.run_until_idle()
+    return runner.stats
+
+
+def record_and_check(stats: DataStats, record_property: Any) -> None:
+    record_property("counter:load_jobs_seen", stats.load_jobs)
+    record_property("counter:loaded_blocks_checked", stats.loaded_blocks_checked)
+    record_property("counter:corrupted_loads", stats.corrupted_loads)
+    record_property("counter:foreign_bytes_changed", stats.foreign_bytes_changed)
+    assert stats.load_jobs > 0, (
+        f"no load happened, the data lane checked nothing: {stats.describe()}"
+    )
+    assert stats.loaded_blocks_checked > 0, stats.describe()
+    assert stats.corrupted_loads == 0, stats.describe()
+    assert stats.foreign_bytes_changed == 0, stats.describe()
+    unchecked = set(stats.offloaded_group_ids) - set(stats.checked_per_group)
+    assert not unchecked, f"no load reached groups {sorted(unchecked)}: {stats.describe()}"
+
+
+# ---------------------------------------------------------------------------
+# Synthetic hybrids (the driver's hand-made configs)
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SyntheticCase:
+    fixture: str
+    builder: str
+    blocks_per_chunk: int
+    num_gpu_blocks: int
+    num_cpu_chunks: int
+    planned: bool = False
+    """KV tensors placed by vLLM's planner (groups overlaid, shared canonical tensors), else one per layer."""
+    retention: int | None = 0
+    prompt_len: int = 600
+    budget: int = 128
+
+    @property
+    def knob(self) -> str:
+        text = f"blocks_per_chunk={self.blocks_per_chunk}"
+        if self.planned:
+            text += ", planned KV tensors"
+        if self.retention != 0:
+            text += f", retention={self.retention}"
+        return text
+
+    def __str__(self) -> str:
+        return (
+            f"{self.fixture}-bpc{self.blocks_per_chunk}"
+            + ("-planned" if self.planned else "")
+            + ("" if self.retention == 0 else f"-retention{self.retention}")
+        )
+
+
+FULL, SWA, MAMBA, EAGLE = (
+    ("synthetic-full", "full_attention_kv_cache_config"),
+    ("synthetic-full-swa", "full_swa_kv_cache_config"),
+    ("synthetic-full-mamba-align", "full_mamba_align_kv_cache_config"),
+    ("synthetic-eagle", "swa_eagle_kv_cache_config"),
+)
+SYNTHETIC = [
+    SyntheticCase(*FULL, 1, 120, 48),
+    SyntheticCase(*FULL, 4, 120, 48),
+    SyntheticCase(*FULL, 2, 120, 48, planned=True),
+    SyntheticCase(*SWA, 1, 160, 64),
+    SyntheticCase(*SWA, 2, 160, 64),
+    SyntheticCase(*SWA, 4, 160, 64),
+    SyntheticCase(*SWA, 2, 160, 64, planned=True),
+    SyntheticCase(*SWA, 4, 160, 64, planned=True),
+    SyntheticCase(*SWA, 2, 160, 96, retention=None),
+    SyntheticCase(*MAMBA, 1, 96, 48),
+    SyntheticCase(*MAMBA, 2, 96, 48),
+    SyntheticCase(*MAMBA, 2, 96, 48, planned=True),
+    SyntheticCase(*MAMBA, 4, 96, 48, planned=True),
+    SyntheticCase(*EAGLE, 2, 160, 64),
+]
+
+
+@pytest.mark.data
+@pytest.mark.parametrize("case", SYNTHETIC, ids=str)
+def test_synthetic_loads_carry_the_stored_bytes(case: SyntheticCase, record_property: Any) -> None:
+    record_property("fixture", case.fixture)
+    record_property("knob", case.knob)
+    kvc = getattr(D, case.builder)(num_blocks=case.num_gpu_blocks)
+    driver = D.VllmDriver.from_kv_cache_config(
+        kvc,
+        extra_config={**REFERENCE_SPEC, "blocks_per_chunk": case.blocks_per_chunk},
+        prefix_cache_retention_interval=case.retention,
+        num_gpu_blocks=case.num_gpu_blocks,
+        num_cpu_chunks=case.num_cpu_chunks,
+    )
+    if case.planned:
+        planned = with_planned_tensors(driver.kv_cache_config, driver.vllm_config)
+        driver = D.VllmDriver(planned, driver.vllm_config)
+    stats = run_workload(driver, prompt_len=case.prompt_len, budget=case.budget)
+    record_and_check(stats, record_property)
+
+
+# ---------------------------------------------------------------------------
+# Real-model fixtures
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FixtureCase:
+    fixture: str
+    extra: tuple[tuple[str, int], ...]
+    kvchunk: bool
+    num_gpu_blocks: int
+    num_cpu_chunks: int
+    prompt_len: int
+    budget: int = 256
+
+    @property
+    def knob(self) -> str:
+        (key, value), *_ = self.extra
+        return f"{key}={value}" + (f" ({KVCHUNK})" if self.kvchunk else " (OffloadingConnector)")
+
+    def __str__(self) -> str:
+        (key, value), *_ = self.extra
+        return f"{self.fixture}-{key}{value}"
+
+
+GEMMA = "gemma-4-31B-it-tp2"
+DSV4 = "deepseek-v4-flash-tp4"
+FIXTURES = [
+    # gemma: 10 canonical tensors of 128 KiB pages, 6 groups each referring to all 10.
+    FixtureCase(GEMMA, (("block_size", 512),), True, 384, 24, 640),
+    FixtureCase(GEMMA, (("blocks_per_chunk", 1),), False, 224, 256, 320),
+    FixtureCase(GEMMA, (("blocks_per_chunk", 4),), False, 224, 72, 320),
+    # DeepSeek-V4: one packed canonical tensor (1002240-byte blocks), one whole-block ref per group.
+    FixtureCase(DSV4, (("block_size", 512),), True, 256, 96, 1100),
+    FixtureCase(DSV4, (("blocks_per_chunk", 1),), False, 256, 192, 600),
+    FixtureCase(DSV4, (("blocks_per_chunk", 2),), False, 256, 96, 600),
+]
+
+
+def _fixture_available(name: str) -> None:
+    try:
+        from vllm_adapter import fixtures as fx
+    except ImportError as e:  # pragma: no cover - depends on the checkout
+        pytest.skip(f"vllm_adapter.fixtures not importable: {e}")
+    for attr in ("load_fixture", "rebuild_kv_cache_config", "make_vllm_config"):
+        if not hasattr(fx, attr):
+            pytest.skip(f"vllm_adapter.fixtures has no {attr}")
+    if name not in fx.fixture_names():
+        pytest.skip(f"fixture {name} not generated")
+
+
+@pytest.mark.data
+@pytest.mark.parametrize("case", FIXTURES, ids=str)
+def test_fixture_loads_carry_the_stored_bytes(case: FixtureCase, record_property: Any) -> None:
+    record_property("fixture", case.fixture)
+    record_property("knob", case.knob)
+    _fixture_available(case.fixture)
+    driver = fixture_driver(
+        case.fixture,
+        dict(case.extra),
+        num_gpu_blocks=case.num_gpu_blocks,
+        num_cpu_chunks=case.num_cpu_chunks,
+        connector=KVCHUNK if case.kvchunk else "OffloadingConnector",
+        connector_module_path=KVCHUNK_MODULE if case.kvchunk else None,
+    )
+    stats = run_workload(driver, prompt_len=case.prompt_len, budget=case.budget)
+    record_and_check(stats, record_property)
+
+
+# ---------------------------------------------------------------------------
+# The checker itself (the lane cannot pass by checking nothing)
+# ---------------------------------------------------------------------------
+
+
+def _swa_driver() -> D.VllmDriver:
+    return D.VllmDriver.from_kv_cache_config(
+        D.full_swa_kv_cache_config(num_blocks=160),
+        extra_config={**REFERENCE_SPEC, "blocks_per_chunk": 2},
+        prefix_cache_retention_interval=0,
+        num_gpu_blocks=160,
+        num_cpu_chunks=64,
+    )
+
+
+@pytest.mark.meta
+@pytest.mark.parametrize("mutation", ["swap_slots", "skip_load", "extra_block"])
+def test_checker_catches_broken_loads(
+    mutation: str, monkeypatch: pytest.MonkeyPatch, record_property: Any
+) -> None:
+    """A worker that loads the wrong chunk, loads nothing, or writes one block too many is caught."""
+    from vllm_adapter import spec as S
+
+    record_property("fixture", "synthetic-full-swa")
+    record_property("knob", f"mutation={mutation}")
+    real = S.ReferenceOffloadingWorker.submit_load
+
+    def broken(
+        self: Any, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False
+    ) -> bool:
+        if mutation == "swap_slots" and len(src_spec.block_ids) > 1:
+            src_spec.block_ids = src_spec.block_ids[::-1].copy()
+        if mutation == "skip_load":
+            self._finished.append(S.V.TransferResult(job_id=job_id, success=True))
+            return True
+        ok = real(self, job_id, src_spec, dst_spec, expedited)
+        if mutation == "extra_block":
+            free = sorted(
+                set(range(1, self.gpu_tensors[0].shape[0])) - set(dst_spec.block_ids.tolist())
+            )
+            self.gpu_tensors[0][free[-1], :8] ^= 0xFF
+        return ok
+
+    monkeypatch.setattr(S.ReferenceOffloadingWorker, "submit_load", broken)
+    stats = run_workload(_swa_driver(), prompt_len=600, budget=128)
+    assert stats.load_jobs > 0
+    if mutation == "extra_block":
+        assert stats.foreign_bytes_changed > 0, stats.describe()
+    else:
+        assert stats.corrupted_loads > 0, stats.describe()
+    record_property("counter:data_mutations_detected", 1)

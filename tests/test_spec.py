@@ -1,0 +1,389 @@
+"""vllm_adapter.spec: ReferenceOffloadingSpec's sizing and its worker's mapping.
+
+The worker's copies are checked against vLLM 0.33.0's own direct-layout
+descriptors (``SingleDirectionOffloadingHandler._fill_direct_ops`` /
+``compute_sub_block_ptrs``), executed byte by byte with ``memmove`` on CPU
+tensors: the same pointers vLLM's CUDA worker would hand to ``swap_blocks``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from conformance import kvdata  # noqa: E402
+from conformance import vllm_driver as D  # noqa: E402
+from conformance.trace import RequestSpec  # noqa: E402
+from reference.mathutil import cdiv  # noqa: E402
+from reference.transfer import TensorRef  # noqa: E402
+from vllm_adapter import spec as S  # noqa: E402
+from vllm_adapter import vllm_api as V  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+SPEC = {"spec_name": "ReferenceOffloadingSpec", "spec_module_path": "vllm_adapter.spec"}
+
+
+# ---------------------------------------------------------------------------
+# Hand-made canonical KV caches
+# ---------------------------------------------------------------------------
+
+
+def _canonical(
+    num_blocks: int,
+    pages: list[int],
+    strides: list[int],
+    group_refs: list[list[tuple[int, int]]],
+    seed: int = 0,
+    device: str = "cpu",
+) -> tuple[Any, torch.Tensor]:
+    """CanonicalKVCaches over one random int8 buffer; tensor t rows stride ``strides[t]``."""
+    gen = torch.Generator().manual_seed(seed)
+    offsets = [0]
+    for t in range(len(pages)):
+        offsets.append(offsets[-1] + strides[t] * num_blocks)
+    buf = torch.randint(-128, 128, (offsets[-1],), generator=gen, dtype=torch.int8).to(device)
+    tensors = [
+        V.CanonicalKVCacheTensor(
+            tensor=buf.as_strided((num_blocks, page), (stride, 1), offsets[t]),
+            page_size_bytes=page,
+        )
+        for t, (page, stride) in enumerate(zip(pages, strides, strict=True))
+    ]
+    refs = [[V.CanonicalKVCacheRef(t, n) for t, n in group] for group in group_refs]
+    return V.CanonicalKVCaches(tensors=tensors, group_data_refs=refs), buf
+
+
+# Two tensors: t0 padded (page 96 in a 128-byte row), t1 dense; g0 uses both (t0 unpadded
+# 80 bytes), g1 only t0, g2 only t1 with 40 of its 64 bytes (a padded layer sharing t1).
+PAGES, STRIDES = [96, 64], [128, 64]
+REFS = [[(0, 80), (1, 64)], [(0, 80)], [(1, 40)]]
+
+
+def test_transfer_layout_is_the_canonical_mapping() -> None:
+    kv, _ = _canonical(10, PAGES, STRIDES, REFS)
+    layout = S.transfer_layout(kv, 4)
+    assert layout.page_bytes == (96, 64)
+    assert layout.group_refs == (
+        (TensorRef(0, 80), TensorRef(1, 64)),
+        (TensorRef(0, 80),),
+        (TensorRef(1, 40),),
+    )
+    assert layout.blocks_per_chunk == (4, 4, 4)
+    # vLLM's per-worker chunk: tensor t's bpc sub-slots after the earlier tensors' ones.
+    assert layout.slot_bytes == 4 * (96 + 64)
+    assert layout.sub_slot_offset(0, 1, 2) == 4 * 96 + 2 * 64
+
+
+def test_canonical_gpu_tensors_are_views_with_the_block_stride() -> None:
+    kv, buf = _canonical(10, PAGES, STRIDES, REFS)
+    views = S.canonical_gpu_tensors(kv)
+    assert [v.dtype for v in views] == [torch.uint8, torch.uint8]
+    assert [tuple(v.shape) for v in views] == [(10, 96), (10, 64)]
+    assert [v.stride(0) for v in views] == STRIDES
+    assert views[0].data_ptr() == buf.data_ptr()
+    assert views[1].data_ptr() == buf.data_ptr() + 128 * 10
+
+
+# ---------------------------------------------------------------------------
+# The worker against vLLM's own direct-copy descriptors
+# ---------------------------------------------------------------------------
+
+
+def _vllm_direct_copy(
+    kv: Any,
+    pool: torch.Tensor,
+    bpc: int,
+    gpu_spec: Any,
+    cpu_ids: list[int],
+    store: bool,
+) -> None:
+    """vLLM's ``transfer_async`` descriptor loop + ``_fill_direct_ops``, executed with memmove."""
+    layout = S.transfer_layout(kv, bpc)
+    gpu = [t.tensor for t in kv.tensors]
+    cpu = [
+        pool[:, layout.region_offset(0, t) : layout.region_offset(0, t) + p * bpc]
+        for t, p in enumerate(layout.page_bytes)
+    ]
+    handler = object.__new__(V.SingleDirectionOffloadingHandler)
+    handler.src_tensors = gpu if store else cpu
+    handler.dst_tensors = cpu if store else gpu
+    handler.gpu_to_cpu = store
+    handler.layer_refs_per_group = kv.group_data_refs
+    handler.src_blocks_per_chunk = 1 if store else bpc
+    handler.dst_blocks_per_chunk = bpc if store else 1
+    handler._canonical_copy_plans = None
+    src_blocks = gpu_spec.block_ids if store else np.array(cpu_ids, dtype=np.int32)
+    dst_blocks = np.array(cpu_ids, dtype=np.int32) if store else gpu_spec.block_ids
+    n_ops = handler._estimate_max_copy_ops(gpu_spec.group_sizes)
+    all_src = np.zeros(n_ops, dtype=np.int64)
+    all_dst = np.zeros(n_ops, dtype=np.int64)
+    all_sizes = np.zeros(n_ops, dtype=np.int64)
+    src_off = dst_off = op = 0
+    for g, (size, first) in enumerate(
+        zip(gpu_spec.group_sizes, gpu_spec.block_indices, strict=True)
+    ):
+        if size == 0:
+            continue
+        src_skip = first % handler.src_blocks_per_chunk
+        dst_skip = first % handler.dst_blocks_per_chunk
+        src_n = cdiv(size + src_skip, handler.src_blocks_per_chunk)
+        dst_n = cdiv(size + dst_skip, handler.dst_blocks_per_chunk)
+        op, _ = handler._fill_direct_ops(
+            g,
+            group_src=src_blocks[src_off : src_off + src_n],
+            group_dst=dst_blocks[dst_off : dst_off + dst_n],
+            group_size=size,
+            src_skip_count=src_skip,
+            dst_skip_count=dst_skip,
+            all_src=all_src,
+            all_dst=all_dst,
+            all_sizes=all_sizes,
+            op_idx=op,
+        )
+        src_off += src_n
+        dst_off += dst_n
+    assert (src_off, dst_off) == (len(src_blocks), len(dst_blocks))
+    for s, d, n in zip(all_src[:op], all_dst[:op], all_sizes[:op], strict=True):
+        ctypes.memmove(int(d), int(s), int(n))
+
+
+JOBS = [
+    # (bpc, block_ids, group_sizes, block_indices, cpu chunk ids)
+    (1, [3, 1, 7, 2, 9], [2, 1, 2], [0, 5, 1], [4, 0, 2, 1, 3]),
+    (2, [1, 2, 3, 4, 14, 15, 16, 17], [4, 0, 4], [0, 0, 8], [0, 1, 2, 3]),
+    (4, [5, 6, 7, 8, 9, 10, 11], [6, 0, 1], [1, 0, 11], [3, 0, 5]),
+    (4, [2, 3, 4], [0, 3, 0], [0, 14, 0], [1, 6]),
+]
+
+
+@pytest.mark.parametrize(("bpc", "ids", "sizes", "firsts", "chunks"), JOBS)
+def test_worker_copies_what_vllm_direct_layout_copies(
+    bpc: int, ids: list[int], sizes: list[int], firsts: list[int], chunks: list[int]
+) -> None:
+    num_blocks, num_chunks = 20, 8
+    kv, buf = _canonical(num_blocks, PAGES, STRIDES, REFS, seed=1)
+    oracle_kv, oracle_buf = _canonical(num_blocks, PAGES, STRIDES, REFS, seed=1)
+    worker = S.ReferenceOffloadingWorker(kv, bpc, num_chunks)
+    gen = torch.Generator().manual_seed(2)
+    worker.pool.copy_(torch.randint(0, 256, worker.pool.shape, generator=gen, dtype=torch.uint8))
+    oracle_pool = worker.pool.clone()
+    untouched = worker.pool.clone()
+    gpu_spec = V.GPULoadStoreSpec(ids, group_sizes=sizes, block_indices=firsts)
+    cpu_spec = V.CPULoadStoreSpec(chunks)
+
+    assert worker.submit_store(7, gpu_spec, cpu_spec)
+    _vllm_direct_copy(oracle_kv, oracle_pool, bpc, gpu_spec, chunks, store=True)
+    assert torch.equal(worker.pool, oracle_pool)
+    assert not torch.equal(worker.pool, untouched)
+    assert torch.equal(buf, oracle_buf)  # a store only reads the GPU side
+
+    # Load the same chunks into other GPU blocks (reversed), over fresh GPU bytes.
+    fresh = torch.randint(-128, 128, buf.shape, generator=gen, dtype=torch.int8)
+    buf.copy_(fresh)
+    oracle_buf.copy_(fresh)
+    load_spec = V.GPULoadStoreSpec(
+        [num_blocks - 1 - b for b in ids], group_sizes=sizes, block_indices=firsts
+    )
+    assert worker.submit_load(8, cpu_spec, load_spec)
+    _vllm_direct_copy(oracle_kv, oracle_pool, bpc, load_spec, chunks, store=False)
+    assert torch.equal(buf, oracle_buf)
+    assert not torch.equal(buf, fresh)
+    assert torch.equal(worker.pool, oracle_pool)  # a load only reads the pool
+
+    results = worker.get_finished()
+    assert [(r.job_id, r.success) for r in results] == [(7, True), (8, True)]
+    group_bytes = [80 + 64, 80, 40]
+    assert results[0].transfer_size == sum(n * b for n, b in zip(sizes, group_bytes, strict=True))
+    assert worker.get_finished() == [] and worker.in_flight == set()
+    assert (worker.num_stores, worker.num_loads) == (1, 1)
+
+
+def test_worker_rejects_bad_jobs_before_copying() -> None:
+    kv, buf = _canonical(10, PAGES, STRIDES, REFS)
+    worker = S.ReferenceOffloadingWorker(kv, 2, 4)
+    before = buf.clone()
+    spec = V.GPULoadStoreSpec([1, 2, 3], group_sizes=[3, 0, 0], block_indices=[0, 0, 0])
+    with pytest.raises(ValueError, match="slot id"):
+        worker.submit_load(1, V.CPULoadStoreSpec([0, 9]), spec)  # chunk 9 of 4
+    with pytest.raises(ValueError, match="slot ids"):
+        worker.submit_load(1, V.CPULoadStoreSpec([0]), spec)  # 3 blocks need 2 chunks
+    assert torch.equal(buf, before) and worker.get_finished() == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_worker_on_cuda_uses_pinned_pool_and_matches_cpu() -> None:
+    bpc, ids, sizes, firsts, chunks = JOBS[2]
+    kv_cpu, buf_cpu = _canonical(20, PAGES, STRIDES, REFS, seed=3)
+    kv_gpu, buf_gpu = _canonical(20, PAGES, STRIDES, REFS, seed=3, device="cuda")
+    cpu, gpu = (
+        S.ReferenceOffloadingWorker(kv_cpu, bpc, 8),
+        S.ReferenceOffloadingWorker(kv_gpu, bpc, 8),
+    )
+    assert gpu.pool.is_pinned() and not cpu.pool.is_pinned()
+    spec = V.GPULoadStoreSpec(ids, group_sizes=sizes, block_indices=firsts)
+    back = V.GPULoadStoreSpec([19 - b for b in ids], group_sizes=sizes, block_indices=firsts)
+    for w in (cpu, gpu):
+        w.submit_store(1, spec, V.CPULoadStoreSpec(chunks))
+        w.submit_load(2, V.CPULoadStoreSpec(chunks), back)
+    torch.cuda.synchronize()
+    assert torch.equal(cpu.pool, gpu.pool)
+    assert torch.equal(buf_cpu, buf_gpu.cpu())
+
+
+# ---------------------------------------------------------------------------
+# The spec
+# ---------------------------------------------------------------------------
+
+
+def _offloading_config(extra: dict, bpc: int = 2) -> Any:
+    vc, resolved = D.build_vllm_config(
+        D.full_swa_kv_cache_config(num_blocks=64),
+        extra_config={**SPEC, "blocks_per_chunk": bpc, **extra},
+        num_gpu_blocks=64,
+    )
+    config = V.build_offloading_config(vc, resolved)
+    # Exactly ``extra`` (build_vllm_config adds num_cpu_chunks for this spec when unsized).
+    return dataclasses.replace(config, extra_config={**SPEC, "blocks_per_chunk": bpc, **extra})
+
+
+@pytest.mark.parametrize("cpu_bytes", [1, 10**6, 123_456_789])
+def test_spec_sizes_the_tier_like_cpu_offloading_spec(cpu_bytes: int) -> None:
+    config = _offloading_config({"cpu_bytes_to_use": cpu_bytes})
+    ours, theirs = S.ReferenceOffloadingSpec(config), V.CPUOffloadingSpec(config)
+    assert (ours.num_chunks, ours.kv_bytes_per_chunk) == (
+        theirs.num_chunks,
+        theirs.kv_bytes_per_chunk,
+    )
+    assert ours.cpu_info == theirs.cpu_info
+
+
+def test_spec_manager_is_vllms_cpu_manager() -> None:
+    spec = S.ReferenceOffloadingSpec(
+        _offloading_config({"num_cpu_chunks": 37, "cpu_bytes_to_use": 1 << 30})
+    )
+    manager = spec.get_manager()
+    assert type(manager) is V.CPUOffloadingManager
+    assert manager._num_chunks == 37  # num_cpu_chunks wins over cpu_bytes_to_use
+    assert spec.get_manager() is manager
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ({}, "num_cpu_chunks"),
+        ({"num_cpu_chunks": -1}, ">= 0"),
+        ({"num_cpu_chunks": 2.5}, "integer"),
+        ({"num_cpu_chunks": True}, "integer"),
+        ({"cpu_bytes_to_use": "lots"}, "integer"),
+    ],
+)
+def test_spec_rejects_bad_sizing(extra: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        S.ReferenceOffloadingSpec(_offloading_config(extra))
+
+
+def test_spec_rejects_canonical_layout() -> None:
+    config = dataclasses.replace(_offloading_config({"num_cpu_chunks": 4}), canonical_layout=True)
+    with pytest.raises(ValueError, match="canonical_layout"):
+        S.ReferenceOffloadingSpec(config)
+
+
+def test_spec_worker_runs_where_vllms_cpu_worker_refuses() -> None:
+    config = _offloading_config({"num_cpu_chunks": 5, "cpu_bytes_to_use": 1 << 20})
+    kv, _ = _canonical(64, [4096, 4096], [4096, 4096], [[(0, 4096)], [(1, 4096)]])
+    worker = S.ReferenceOffloadingSpec(config).get_worker(kv)
+    assert isinstance(worker, S.ReferenceOffloadingWorker) and worker.num_chunks == 5
+    assert tuple(worker.pool.shape) == (5, 2 * (4096 + 4096))
+    if not torch.cuda.is_available():
+        with pytest.raises(Exception, match="CUDA"):
+            V.CPUOffloadingSpec(config).get_worker(kv)
+
+
+# ---------------------------------------------------------------------------
+# Through the connector
+# ---------------------------------------------------------------------------
+
+
+def test_real_worker_path_dispatches_the_same_jobs() -> None:
+    """The driver with the reference worker schedules exactly what it schedules with the emulated engine."""
+    driver = D.VllmDriver.from_kv_cache_config(
+        D.full_swa_kv_cache_config(num_blocks=256),
+        extra_config={**SPEC, "blocks_per_chunk": 2},
+        num_gpu_blocks=256,
+        num_cpu_chunks=64,
+        max_num_batched_tokens=128,
+    )
+    prompt = tuple(range(1000, 1300))
+    runs = []
+    for runner in (None, kvdata.SyntheticModelRunner(driver.worker_kv_cache_config)):
+        s = driver.session(model_runner=runner)
+        s.add_request(RequestSpec("A", prompt, max_tokens=2))
+        s.run_until_idle()
+        assert s.reset_prefix_cache()
+        s.add_request(RequestSpec("B", prompt, max_tokens=2))
+        s.run_until_idle()
+        runs.append(s.dispatched)
+    assert runs[0] == runs[1]
+    assert {d.kind for d in runs[0]} == {"store", "load"}
+    assert runner is not None and runner.stats.loaded_blocks_checked == 12
+    assert runner.stats.corrupted_loads == 0
+
+
+def test_model_runner_session_refuses_faults() -> None:
+    driver = D.VllmDriver.from_kv_cache_config(
+        D.full_attention_kv_cache_config(num_blocks=32), extra_config=SPEC, num_gpu_blocks=32
+    )
+    runner = kvdata.SyntheticModelRunner(driver.worker_kv_cache_config)
+    with pytest.raises(ValueError, match="faults"):
+        driver.session(model_runner=runner, faults=[D.JobFault(0, never=True)])
+
+
+# ---------------------------------------------------------------------------
+# Synthetic contents
+# ---------------------------------------------------------------------------
+
+
+def test_expected_bytes_depend_on_layer_position_and_prefix_only() -> None:
+    h = kvdata.prefix_hashes([5, 6, 7, 8])
+    assert h == kvdata.prefix_hashes([5, 6, 7, 8, 9])[:5]
+    assert (
+        kvdata.prefix_hashes([5, 6, 7, 9])[3] == h[3]
+        and kvdata.prefix_hashes([5, 6, 7, 9])[4] != h[4]
+    )
+    a = kvdata.expected_bytes("L0", 3, h[4], 100)
+    assert a.dtype == torch.uint8 and a.shape == (100,)
+    assert torch.equal(a, kvdata.expected_bytes("L0", 3, h[4], 100))
+    for other in (
+        kvdata.expected_bytes("L1", 3, h[4], 100),
+        kvdata.expected_bytes("L0", 2, h[4], 100),
+        kvdata.expected_bytes("L0", 3, h[3], 100),
+    ):
+        # Different seeds differ in every aligned 8-byte word.
+        assert bool((a[:96].view(-1, 8) != other[:96].view(-1, 8)).any(dim=1).all())
+    rows = kvdata.expected_rows("L0", [3, 2], [h[4], h[4]], 100)
+    assert torch.equal(rows[0], a)
+
+
+def test_runner_places_layers_where_vllm_puts_them() -> None:
+    """For planned KV tensors the runner's byte pages alias vLLM's own per-layer views."""
+    driver = D.VllmDriver.from_kv_cache_config(
+        D.full_swa_kv_cache_config(num_blocks=16), extra_config=SPEC, num_gpu_blocks=16
+    )
+    planned = kvdata.with_planned_tensors(driver.kv_cache_config, driver.vllm_config)
+    runner = kvdata.SyntheticModelRunner(planned, driver.vllm_config)
+    assert set(runner.layers) == set(runner.kv_caches)
+    for name, layer in runner.layers.items():
+        view = runner.kv_caches[name]
+        assert layer.pages.data_ptr() == view.data_ptr()
+        assert layer.pages.stride(0) == view.stride(0) * view.element_size()
+    # vLLM overlays the groups: both layers start at the same byte.
+    (full, swa) = runner.layers.values()
+    assert full.pages.data_ptr() == swa.pages.data_ptr()
