@@ -618,7 +618,7 @@ class _Recorder:
             block_state = so.kv_connector_block_state
             handoffs = tuple(
                 BoundaryHandoff(req_id, int(g), int(b), int(t))
-                for req_id, entries in sorted((block_state.boundary_state_offloads or {}).items())
+                for req_id, entries in (block_state.boundary_state_offloads or {}).items()
                 for g, b, t in entries
             ) if block_state is not None else ()
             copies = tuple(int(c.dst_block_id) for c in (so.kv_cache_block_copies or ()))
@@ -765,10 +765,13 @@ class DriverSession:
         default_delay_steps: int = 0,
         record: bool = True,
         model_runner: Any | None = None,
+        worker_wrapper: Callable[[DriverSession, Any], Any] | None = None,
     ) -> None:
         self.driver = driver
         self.vllm_config = vllm_config
         self.model_runner = model_runner
+        if worker_wrapper is not None and model_runner is None:
+            raise ValueError("worker_wrapper wraps the spec's real OffloadingWorker: give a model_runner")
         if model_runner is not None and faults:
             raise ValueError(
                 "faults are emulated by the TransferEngine; a session with a model_runner "
@@ -821,6 +824,9 @@ class DriverSession:
         else:
             self.engine = None
             self.worker_connector.register_kv_caches(model_runner.kv_caches)
+            if worker_wrapper is not None:
+                cw = self.worker_connector.connector_worker
+                cw.worker = worker_wrapper(self, cw.worker)
         self.vocab_size = vllm_config.model_config.get_vocab_size()
         self.load_req: dict[int, str] = {}
 
@@ -909,16 +915,17 @@ class DriverSession:
         results = wc.get_transfer_results(so.finished_req_ids)
         worker_meta = wc.build_connector_worker_meta()
         wc.clear_connector_metadata()
-        world_size = self.vllm_config.parallel_config.world_size
-        if runner is not None and worker_meta is not None and world_size > 1:
-            # One emulated worker stands for all ranks: report each job world_size times,
-            # as the executor's aggregation of every rank's worker meta would.
-            worker_meta.completed_jobs = {j: n * world_size for j, n in worker_meta.completed_jobs.items()}
+        transfer_worker = wc.connector_worker.worker
+        if worker_meta is not None and worker_meta.completed_jobs:
+            worker_meta.completed_jobs = self._rank_reports(
+                transfer_worker, worker_meta.completed_jobs
+            )
         failed = set()
         completed = getattr(worker_meta, "completed_jobs", {}) or {}
+        failed_jobs = set(getattr(transfer_worker, "take_failed_loads", lambda: ())())
         for job_id in completed:
             fault = self.faults.get(job_id)
-            if fault is not None and fault.fail:
+            if (fault is not None and fault.fail) or job_id in failed_jobs:
                 req_id = load_req.get(job_id) or self.load_req.get(job_id)
                 if req_id is not None:
                     failed.add(req_id)
@@ -928,6 +935,25 @@ class DriverSession:
             kv_connector_worker_meta=worker_meta,
             failed_recving=failed,
         )
+
+    def _rank_reports(self, worker: Any, completed: dict[int, int]) -> dict[int, int]:
+        """Per-job report counts as the executor's aggregation of every rank's worker meta sums them.
+
+        One emulated worker stands for all ``world_size`` ranks, and vLLM's
+        scheduler completes a job only after ``world_size`` reports
+        (``TransferJobStatus.pending_count``).  By default every rank reports
+        every job the worker finished; a worker with ``reporting_ranks(job_id,
+        world_size)`` says how many do (fewer: the others lost the job; a job
+        no rank reports is dropped, as vLLM asserts positive counts).
+        """
+        world_size = int(self.vllm_config.parallel_config.world_size)
+        ranks = getattr(worker, "reporting_ranks", None)
+        out: dict[int, int] = {}
+        for job_id, n in completed.items():
+            k = world_size if ranks is None else int(ranks(job_id, world_size))
+            if k > 0:
+                out[job_id] = n * k
+        return out
 
     def _note_dispatched(self, meta: Any) -> None:
         """Keep the jobs of this step's metadata, read straight from it (no wrapper)."""
@@ -1068,6 +1094,7 @@ class VllmDriver:
         default_delay_steps: int = 0,
         record: bool = True,
         model_runner: Any | None = None,
+        worker_wrapper: Callable[[DriverSession, Any], Any] | None = None,
     ) -> DriverSession:
         """A fresh scheduler + connector; ``record=False`` installs no wrappers.
 
@@ -1078,7 +1105,17 @@ class VllmDriver:
         ``vllm_adapter.spec.ReferenceOffloadingSpec``), and each step calls its
         optional ``before_start_load_kv(session, scheduler_output)`` and
         ``execute_model(session, scheduler_output)`` (after ``start_load_kv``,
-        before ``wait_for_save``).  No faults then.
+        before ``wait_for_save``).  ``JobFault`` s need the emulated engine and
+        are refused then; ``worker_wrapper(session, worker)`` instead replaces
+        the spec's worker with what it returns (e.g.
+        :class:`conformance.faults.FaultyWorker`, which injects faults around
+        the real copies).  A worker may define ``reporting_ranks(job_id,
+        world_size)`` (how many ranks report a finished job) and
+        ``take_failed_loads()`` (load job ids to report in ``failed_recving``).
+
+        With ``world_size > 1`` each finished job is reported once per rank, as
+        the executor's aggregation of the ranks' ``kv_connector_worker_meta``
+        would (vLLM completes a job after ``world_size`` reports).
         """
         vllm_config = self.vllm_config
         if (
@@ -1099,6 +1136,7 @@ class VllmDriver:
             default_delay_steps=default_delay_steps,
             record=record,
             model_runner=model_runner,
+            worker_wrapper=worker_wrapper,
         )
 
     def run(self, spec: WorkloadSpec) -> Trace:

@@ -31,6 +31,18 @@ class PlanCase:
 def driver_for(case: PlanCase) -> Any:
     from conformance import vllm_driver as D
 
+    if case.builder == "fixture":
+        from conformance.kvdata import fixture_driver
+
+        name, connector, module = case.builder_args
+        return fixture_driver(
+            name,
+            dict(case.extra_config),
+            num_gpu_blocks=case.num_gpu_blocks,
+            num_cpu_chunks=4096,
+            connector=connector,
+            connector_module_path=module,
+        )
     kvc = getattr(D, case.builder)(*case.builder_args, num_blocks=case.num_gpu_blocks)
     return D.VllmDriver.from_kv_cache_config(
         kvc,
@@ -64,6 +76,15 @@ def workloads(draw: st.DrawFn, max_requests: int = 4, max_len: int = 520) -> T.W
         T.ResetSpec(step=s, reset_connector=draw(st.booleans()))
         for s in sorted(draw(st.sets(st.integers(1, 20), max_size=2)))
     )
+    if draw(st.integers(0, 3)):
+        # Most workloads end with a repeat after a GPU-only prefix-cache reset, so the
+        # offload tier (not the GPU cache) serves it: loads are exercised, not left to luck.
+        late = 120
+        source = draw(st.sampled_from(requests))
+        extra = tuple(draw(st.lists(st.integers(61, 90), max_size=40)))
+        requests.append(T.RequestSpec("repeat", source.prompt + extra, max_tokens=2,
+                                      arrival_step=late + 1))
+        resets += (T.ResetSpec(step=late, reset_connector=False),)
     aborts = tuple(
         T.AbortSpec(step=draw(st.integers(1, 15)), req_id=r.req_id)
         for r in requests

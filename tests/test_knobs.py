@@ -170,21 +170,8 @@ def test_retention_interval_must_be_a_multiple_of_windowed_chunks() -> None:
 
 # --- worked examples from ../shared/design (regression) -----------------------
 
-GEMMA4_TP2 = Geometry(
-    tuple(KVGroup(i, GroupKind.SLIDING_WINDOW, 16, 131072, 10, sliding_window=1024) for i in range(5))
-    + (KVGroup(5, GroupKind.FULL, 32, 131072, 10),),
-    tokens_per_hash=16,
-)
-DSV4_TP4 = Geometry(
-    (
-        KVGroup(0, GroupKind.SLIDING_WINDOW, 64, sliding_window=128),
-        KVGroup(1, GroupKind.SLIDING_WINDOW, 64, sliding_window=128),
-        KVGroup(2, GroupKind.FULL, 256),
-        KVGroup(3, GroupKind.SLIDING_WINDOW, 4, sliding_window=8),
-        KVGroup(4, GroupKind.SLIDING_WINDOW, 8, sliding_window=128),
-    ),
-    tokens_per_hash=4,
-)
+# The two models' geometries (vLLM-derived; tests/test_fixtures.py pins the fixtures).
+from conformance.tables import DSV4_TP4, GEMMA4_TP2  # noqa: E402
 
 
 @pytest.mark.parametrize(

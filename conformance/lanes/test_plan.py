@@ -46,13 +46,25 @@ CASES = [
     _case("fa64+eagle-sw128@16", "swa_eagle_kv_cache_config", (64, 16, 128), 1, None),
     _case("fa64+mamba-align@64", "full_mamba_align_kv_cache_config", (64, 64), 1),
     _case("fa64+mamba-align@64", "full_mamba_align_kv_cache_config", (64, 64), 2),
+    PlanCase("gemma-4-31B-it-tp2", "block_size=512", "fixture",
+             ("gemma-4-31B-it-tp2", "KvchunkOffloadingConnector", "vllm_adapter.connector"),
+             (("block_size", 512),), 0, 512),
+    PlanCase("gemma-4-31B-it-tp2", "blocks_per_chunk=2", "fixture",
+             ("gemma-4-31B-it-tp2", "OffloadingConnector", None),
+             (("blocks_per_chunk", 2),), 0, 512),
+    PlanCase("deepseek-v4-flash-tp4", "block_size=512", "fixture",
+             ("deepseek-v4-flash-tp4", "KvchunkOffloadingConnector", "vllm_adapter.connector"),
+             (("block_size", 512),), 0, 512),
+    PlanCase("deepseek-v4-flash-tp4", "blocks_per_chunk=1", "fixture",
+             ("deepseek-v4-flash-tp4", "OffloadingConnector", None),
+             (("blocks_per_chunk", 1),), 0, 512),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_plans_agree(case: PlanCase, backend: Backend, record_property) -> None:  # type: ignore[no-untyped-def]
     driver = driver_for(case)
-    counts = {"traces": 0, "answers": 0}
+    counts = {"traces": 0, "answers": 0, "loads": 0, "stores": 0}
 
     @settings(max_examples=_EXAMPLES, suppress_health_check=list(HealthCheck))
     @given(workloads())
@@ -62,9 +74,15 @@ def test_plans_agree(case: PlanCase, backend: Backend, record_property) -> None:
         actual = recorded_answers(trace) if backend.planner is None else replay(trace, backend.planner)
         counts["traces"] += 1
         counts["answers"] += len(expected)
+        counts["loads"] += sum(1 for a in expected if a.call == "allocated" and a.value)
+        counts["stores"] += sum(len(a.value) for a in expected if a.call == "step")
         div = first_divergence(expected, actual)
         assert div is None, div.explain(trace)
 
     check()
     record_property("counter:plan_traces", counts["traces"])
     record_property("counter:plan_answers_compared", counts["answers"])
+    record_property("counter:plan_load_jobs", counts["loads"])
+    record_property("counter:plan_store_jobs", counts["stores"])
+    # Non-vacuity: the workloads must have exercised both directions on this case.
+    assert counts["stores"] > 0 and counts["loads"] > 0, counts
