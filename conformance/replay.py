@@ -18,7 +18,7 @@ from conformance import trace as T
 from reference.jobs import LoadJob, StoreJob
 from reference.knobs import Chunking, resolve_extra_config
 from reference.plan import BlockRef, Planner, Policy, ScheduledRequest
-from reference.store import ChunkStore
+from reference.store import ChunkStore, LookupResult, StorePlan
 
 
 class PlannerLike(Protocol):
@@ -138,10 +138,40 @@ def recorded_answers(trace: T.Trace) -> list[Answer]:
     return out
 
 
+class ReplayedEvictionStore(ChunkStore):
+    """The reference store, with *capacity decisions* taken from the trace.
+
+    Which chunks a full tier evicts is an eviction policy (vLLM's CPU manager
+    ranks keys per request and token position, and also offers ARC), not chunk
+    semantics; the reference store's own policy is plain LRU.  So when the
+    planner offers exactly what vLLM's connector offered, this store evicts the
+    keys vLLM's manager evicted and refuses when it refused.  Everything else
+    -- which keys are held, pending or loadable -- stays the reference's.
+    """
+
+    def __init__(self, num_slots: int, offers: Sequence[T.StoreOffer]) -> None:
+        super().__init__(num_slots)
+        self._offers = list(offers)
+        self._next = 0
+
+    def prepare_store(self, keys: Sequence[bytes]) -> StorePlan | None:
+        offer = self._offers[self._next] if self._next < len(self._offers) else None
+        self._next += 1
+        if offer is None or tuple(keys) != offer.offered:
+            return super().prepare_store(keys)  # the answers will show the divergence
+        if offer.accepted is None:
+            return None
+        for key in offer.evicted:
+            if self.lookup(key) is LookupResult.HIT and self.ref_count(key) == 0:
+                self.evict(key)
+        return super().prepare_store(keys)
+
+
 def replay(trace: T.Trace, factory: PlannerFactory = reference_planner) -> list[Answer]:
     """Feed the trace's inputs to a fresh planner; its answers, call by call."""
     chunking = chunking_of(trace.config)
-    store = ChunkStore(trace.config.num_cpu_chunks)
+    offers = [o for r in trace.records if isinstance(r, T.BuildMeta) for o in r.store_offers]
+    store = ReplayedEvictionStore(trace.config.num_cpu_chunks, offers)
     planner = factory(chunking, store, policy_of(trace.config))
     out: list[Answer] = []
     next_load_id: dict[str, int] = {}

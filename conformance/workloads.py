@@ -22,9 +22,11 @@ class PlanCase:
     extra_config: tuple[tuple[str, Any], ...]
     retention: int | None
     num_gpu_blocks: int = 1024
+    num_cpu_chunks: int = 64
 
     def __str__(self) -> str:
-        return f"{self.fixture}/{self.knob}/retention={self.retention}"
+        tier = f"/cpu={self.num_cpu_chunks}" if self.num_cpu_chunks != 64 else ""
+        return f"{self.fixture}/{self.knob}/retention={self.retention}{tier}"
 
 
 @lru_cache(maxsize=64)
@@ -49,7 +51,7 @@ def driver_for(case: PlanCase) -> Any:
         extra_config=dict(case.extra_config),
         prefix_cache_retention_interval=case.retention,
         num_gpu_blocks=case.num_gpu_blocks,
-        num_cpu_chunks=64,
+        num_cpu_chunks=case.num_cpu_chunks,
     )
 
 

@@ -263,6 +263,17 @@ class ChunkStore:
 
     # -- recency and reset --------------------------------------------------
 
+    def evict(self, key: bytes) -> None:
+        """Drop one ready, unpinned entry now (an eviction decided elsewhere)."""
+        key = _key(key)
+        entry = self._entries.get(key)
+        if entry is None or not entry.evictable:
+            state = "not held" if entry is None else "not evictable (pending or pinned)"
+            raise ValueError(f"evict: key {key.hex()} is {state}")
+        del self._entries[key]
+        self._free.append(entry.slot)
+
+
     def touch(self, keys: Sequence[bytes]) -> None:
         """Mark held keys most recently used, ``keys[0]`` the most recent; others are ignored."""
         for key in reversed([_key(k) for k in keys]):

@@ -4,7 +4,8 @@ Each example runs a random workload (shared prefixes, chunked prefill budgets,
 decode steps, GPU and connector resets, aborts, delayed completions; small GPU
 pools preempt) through vLLM 0.33.0's real ``Scheduler`` + ``OffloadingConnector``,
 records every scheduler-side connector call, replays the inputs into the
-reference planner and compares every answer: hit tokens, load jobs (keys,
+reference planner (capacity decisions -- which keys a full tier evicts -- are
+replayed from vLLM's manager: see ``ReplayedEvictionStore``) and compares every answer: hit tokens, load jobs (keys,
 blocks, group_sizes, block_indices) and store jobs.  On a failure the message
 shows the shrunk workload's trace up to the first diverging step.
 """
@@ -26,9 +27,9 @@ _EXAMPLES = {"ci": 40, "deep": 1500, "dev": 8}.get(os.environ.get("KVCHUNK_PROFI
 
 
 def _case(fixture: str, builder: str, args: tuple, bpc: int, retention: int | None = 0,
-          blocks: int = 1024) -> PlanCase:
+          blocks: int = 1024, cpu_chunks: int = 64) -> PlanCase:
     return PlanCase(fixture, f"blocks_per_chunk={bpc}", builder, args,
-                    (("blocks_per_chunk", bpc),), retention, blocks)
+                    (("blocks_per_chunk", bpc),), retention, blocks, cpu_chunks)
 
 
 CASES = [
@@ -42,6 +43,8 @@ CASES = [
     _case("fa64+sw300@16", "full_swa_kv_cache_config", (64, 16, 300), 2, None),
     _case("fa32+sw100@32", "full_swa_kv_cache_config", (32, 32, 100), 3),
     _case("fa64+sw128@16 small pool", "full_swa_kv_cache_config", (64, 16, 128), 2, 0, 48),
+    _case("fa64+sw128@16 full tier", "full_swa_kv_cache_config", (64, 16, 128), 1, 0, 1024, 6),
+    _case("full@16 full tier", "full_attention_kv_cache_config", (16,), 4, 0, 1024, 4),
     _case("fa64+eagle-sw128@16", "swa_eagle_kv_cache_config", (64, 16, 128), 2),
     _case("fa64+eagle-sw128@16", "swa_eagle_kv_cache_config", (64, 16, 128), 1, None),
     _case("fa64+mamba-align@64", "full_mamba_align_kv_cache_config", (64, 64), 1),
