@@ -495,3 +495,22 @@ def test_matches_vllm_cpu_manager(num_slots: int, data: st.DataObject) -> None:
         assert vllm._num_evictable_cache_chunks == ref.num_evictable
         assert vllm._num_write_pending_chunks == ref.num_pending_stores
         ref.check_invariants()
+
+
+def test_evict_drops_only_ready_unpinned_entries() -> None:
+    store = ChunkStore(2)
+    plan = store.prepare_store([b"a", b"b"])
+    assert plan is not None
+    with pytest.raises(ValueError, match="not evictable"):
+        store.evict(b"a")  # still pending
+    store.complete_store([b"a", b"b"])
+    store.prepare_load([b"b"])
+    with pytest.raises(ValueError, match="not evictable"):
+        store.evict(b"b")  # pinned by a load
+    store.evict(b"a")
+    assert store.lookup(b"a") is LookupResult.MISS
+    with pytest.raises(ValueError, match="not held"):
+        store.evict(b"a")
+    store.check_invariants()
+    again = store.prepare_store([b"c"])
+    assert again is not None and again.slot_ids == plan.slot_ids[:1]  # the freed slot
