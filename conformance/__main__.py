@@ -18,6 +18,21 @@ from conformance.report import ConformanceReport
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _deviations_section() -> str:
+    from conformance import deviations
+
+    rows = [
+        f"| {d.id} | {d.kind} | {d.lane} | {', '.join(d.cases)} | {' '.join(d.reproduction.split())} |"
+        for d in deviations.load("vllm")
+    ]
+    return (
+        "\n## Known deviations (conformance/deviations/vllm.toml, strict xfails)\n\n"
+        "| id | kind | lane | cases | minimal reproduction |\n|---|---|---|---|---|\n"
+        + "\n".join(rows)
+        + "\n"
+    )
+
+
 def main(argv: list[str]) -> int:
     reports = ROOT / "reports"
     reports.mkdir(exist_ok=True)
@@ -45,6 +60,8 @@ def main(argv: list[str]) -> int:
         f"device: {device}, exit status {int(code)}."
     )
     text = plugin.write(reports / "conformance.md", header)
+    text += _deviations_section()
+    (reports / "conformance.md").write_text(text)
     print("\n" + text)
     return int(code)
 
