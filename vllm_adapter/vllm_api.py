@@ -286,3 +286,55 @@ from vllm.v1.kv_offload.cpu.gpu_worker import SingleDirectionOffloadingHandler  
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager  # noqa: E402, F401, F811
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec  # noqa: E402, F401, F811
 from vllm.v1.worker.utils import allocate_kv_cache  # noqa: E402, F401
+
+# --- gpu lanes ---
+# Used by conformance.gpu and the gpu_copy / e2e lanes.  Importing these needs
+# no GPU (vLLM's CUDA worker asserts CUDA only when constructed).
+import vllm.v1.kv_offload.cpu.spec as cpu_offloading_spec_module  # noqa: E402, F401
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (  # noqa: E402, F401, F811
+    build_offloading_config,
+)
+from vllm.v1.kv_offload.cpu.gpu_worker import (  # noqa: E402, F401, F811
+    CPUOffloadingWorker,
+    SingleDirectionOffloadingHandler,
+    compute_sub_block_ptrs,
+)
+from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion  # noqa: E402, F401
+from vllm.engine.arg_utils import EngineArgs  # noqa: E402, F401
+
+
+def load_llm_api() -> _SimpleNamespace:
+    """``vllm.LLM``, ``SamplingParams`` and the between-engines cleanup (e2e lane only: heavy)."""
+    from vllm import LLM
+    from vllm import SamplingParams as _SamplingParams
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    return _SimpleNamespace(
+        LLM=LLM, SamplingParams=_SamplingParams, cleanup=cleanup_dist_env_and_memory
+    )
+
+
+# --- faults ---
+# Used by conformance.faults (fault injection, leak checks) and by
+# vllm_adapter.connector (it resolves 'eviction_policy' the way vLLM's CPU
+# manager will, to reject a bad one with a ValueError naming the key).
+from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory  # noqa: E402, F401
+
+# --- config CLI ---
+# Used by vllm_adapter.cli (``python -m vllm_adapter config``): vLLM's own
+# per-group bytes per block (worker view invariant), as its offloading config uses.
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (  # noqa: E402, F401
+    _group_kv_bytes_per_block as group_kv_bytes_per_block,
+)
+
+# --- bench ---
+# Used by conformance.bench (disk benchmark): vLLM's file-system tier I/O, its
+# file naming and its thread pool, exactly as FileSystemTierManager uses them.
+from vllm.v1.kv_offload.file_mapper import FileMapper  # noqa: E402, F401
+from vllm.v1.kv_offload.base import make_offload_key  # noqa: E402, F401
+from vllm.v1.kv_offload.tiering.fs.io import (  # noqa: E402, F401
+    batch_load_block,
+    batch_store_block,
+    probe_o_direct,
+)
+from vllm.v1.kv_offload.tiering.fs.thread_pool import DualQueueThreadPool  # noqa: E402, F401

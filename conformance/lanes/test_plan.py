@@ -43,7 +43,7 @@ CASES = [
     _case("fa64+sw300@16", "full_swa_kv_cache_config", (64, 16, 300), 2, None),
     _case("fa32+sw100@32", "full_swa_kv_cache_config", (32, 32, 100), 3),
     _case("fa64+sw128@16 small pool", "full_swa_kv_cache_config", (64, 16, 128), 2, 0, 48),
-    _case("fa64+sw128@16 full tier", "full_swa_kv_cache_config", (64, 16, 128), 1, 0, 1024, 6),
+    _case("fa64+sw128@16 full tier", "full_swa_kv_cache_config", (64, 16, 128), 2, 0, 1024, 12),
     _case("full@16 full tier", "full_attention_kv_cache_config", (16,), 4, 0, 1024, 4),
     _case("fa64+eagle-sw128@16", "swa_eagle_kv_cache_config", (64, 16, 128), 2),
     _case("fa64+eagle-sw128@16", "swa_eagle_kv_cache_config", (64, 16, 128), 1, None),

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Run kvchunk's two CUDA-only conformance lanes (gpu_copy, e2e) on a GPU machine.
+#
+#   bash scripts/gpu_lanes.sh            # from the repo root; reports go to $OUT
+#
+# It is `python -m conformance -m "gpu_copy or e2e"`, split into one run per lane
+# so that each lane has its own timeout (a slow engine start cannot starve the
+# copy lane).  Without CUDA both lanes collect and skip with the reason
+# "needs CUDA (torch.cuda.is_available() is False)".
+#
+# Environment (all optional):
+#   OUT                 where reports go (default: reports/gpu)
+#   PYTHON              interpreter holding CUDA torch + vllm (default: python3)
+#   KVCHUNK_WHEELS      folder of carried wheels to install first (default: .whl)
+#   GPU_COPY_TIMEOUT    seconds for the gpu_copy lane (default: 200)
+#   E2E_TIMEOUT         seconds for the e2e lane (default: 360)
+#   KVCHUNK_GPU_LANES_ANYWAY=1  run the lanes even without CUDA (they then skip;
+#                       for checking this script on a CPU machine)
+#
+# What the machine must already have: a CUDA build of torch and vllm==0.33.0
+# built against it (vLLM 0.33.0 wants torch 2.14), importable by $PYTHON.
+# Neither can be carried: the device tool carries at most 64 MiB, and a CUDA
+# torch wheel with its nvidia-* libraries is about 1 GiB, the vllm wheel about
+# 0.4 GiB.  This workplace's H200 image (device/KINDS.md, 2026-11) has python3
+# 3.12 with torch 2.11 and no vllm: there the script stops at the check below
+# and says so in $OUT/gpu_lanes.md.
+#
+# Small pure-Python packages can be carried as wheels: on the dev machine,
+#   echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --implementation cp --platform manylinux2014_x86_64 -d .whl NAME==VERSION
+# and pass carry=[".whl"] to the device tool.  (pytest and hypothesis are
+# already on the H200 image.)  kvchunk itself needs no install: the repo root
+# goes on PYTHONPATH, and the e2e engine runs in-process
+# (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the lane), so
+# kv_connector_module_path=vllm_adapter.connector resolves to this checkout.
+#
+# Files written to $OUT (at most 6, the device tool returns 8):
+#   env.txt        GPU, python, torch/vllm versions, /dev/shm space
+#   gpu_lanes.md   what ran, exit codes, or why nothing ran
+#   <lane>.log     pytest output of the lane;  <lane>.md  its conformance table
+
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$PWD
+OUT=${OUT:-$ROOT/reports/gpu}
+PY=${PYTHON:-python3}
+WHEELS=${KVCHUNK_WHEELS:-.whl}
+mkdir -p "$OUT"
+SUMMARY=$OUT/gpu_lanes.md
+echo "# kvchunk GPU lanes" >"$SUMMARY"
+
+# 1. Carried wheels (if any) into a private site dir.
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/kvchunk-site "$WHEELS"/*.whl || { echo "wheel install failed" >>"$SUMMARY"; exit 1; }
+    export PYTHONPATH=/tmp/kvchunk-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+# 2. What is here.
+{
+    if command -v nvidia-smi >/dev/null; then nvidia-smi -L 2>&1; else echo "nvidia-smi: not found"; fi
+    "$PY" -V 2>&1
+    "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' 2>&1 | tail -1
+    "$PY" -c 'import vllm; print("vllm", vllm.__version__)' 2>&1 | tail -1
+    df -h /dev/shm 2>&1 | tail -1
+} >"$OUT/env.txt"
+
+# 3. Stop early, with the reason, when the lanes cannot run.
+if ! "$PY" - >>"$SUMMARY" 2>&1 <<'EOF'; then
+import importlib.util, os, sys
+missing = [m for m in ("torch", "vllm", "pytest", "hypothesis") if importlib.util.find_spec(m) is None]
+if missing:
+    sys.exit(f"Not run: {', '.join(missing)} not importable by this python "
+             "(torch + vllm==0.33.0 must be installed on the machine; they are too big to carry).")
+import torch, vllm
+if vllm.__version__ != "0.33.0":
+    sys.exit(f"Not run: vllm {vllm.__version__} here, the lanes pin vLLM 0.33.0.")
+if not torch.cuda.is_available() and not os.environ.get("KVCHUNK_GPU_LANES_ANYWAY"):
+    sys.exit("Not run: torch.cuda.is_available() is False.")
+gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA (lanes will skip)"
+print(f"torch {torch.__version__}, vllm {vllm.__version__}, {gpu}")
+EOF
+    cat "$SUMMARY"
+    exit 2
+fi
+
+# 4. The lanes, one run each, each under its own timeout.
+status=0
+for lane in gpu_copy e2e; do
+    [ "$lane" = e2e ] && limit=${E2E_TIMEOUT:-360}
+    [ "$lane" = gpu_copy ] && limit=${GPU_COPY_TIMEOUT:-200}
+    start=$(date +%s)
+    stamp=$(mktemp)  # reports/conformance.md is tracked: never delete it, copy it only if this run wrote it
+    timeout -k 15 "$limit" "$PY" -m conformance -m "$lane" >"$OUT/$lane.log" 2>&1
+    rc=$?
+    [ reports/conformance.md -nt "$stamp" ] && cp reports/conformance.md "$OUT/$lane.md"
+    rm -f "$stamp"
+    note=""
+    [ "$rc" = 124 ] || [ "$rc" = 137 ] && note=" (timed out after ${limit}s)"
+    echo "- $lane: exit $rc$note, $(($(date +%s) - start)) s" >>"$SUMMARY"
+    [ "$rc" = 0 ] || status=1
+done
+cat "$SUMMARY"
+exit $status

@@ -1,0 +1,426 @@
+"""``python -m vllm_adapter config``: output, round trip into a real Scheduler, errors.
+
+* Both shipped model dirs print (table / json / markdown) the geometry vLLM's
+  planning derives (equal to the stored fixtures) and the resolved knob.
+* The printed ``--kv-transfer-config`` JSON, fed to a real ``Scheduler`` built the
+  way :mod:`vllm_adapter.fixtures` builds one, runs kvchunk's connector with
+  gemma-4 B=16 / DeepSeek-V4 B=2 for ``block_size`` 512.
+* ``--chunk-bytes`` picks the smallest B whose chunk bytes per worker reach the target.
+* Every user mistake: non-zero exit, one stderr line, no traceback, nothing on stdout
+  (a few cases in a subprocess -- they fail before vLLM is imported, so they are
+  quick -- the rest through ``main(argv)``, plus hypothesis over random argv).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from vllm_adapter.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = REPO / "vllm_adapter" / "models"
+GEMMA = ["--model", str(MODELS / "gemma-4-31B-it"), "--tensor-parallel-size", "2"]
+DSV4 = [
+    "--model",
+    str(MODELS / "DeepSeek-V4-Flash"),
+    "--tensor-parallel-size",
+    "4",
+    "--kv-cache-dtype",
+    "fp8",
+    "--block-size-gpu",
+    "256",
+]
+# model flags, fixture, blocks per chunk for block_size 512, window in chunks per group
+MODELS_512 = {
+    "gemma": (GEMMA, "gemma-4-31B-it-tp2", 16, [4, 4, 4, 4, 4, None]),
+    "dsv4": (DSV4, "deepseek-v4-flash-tp4", 2, [1, 1, None, 1, 8]),
+}
+CPU_BYTES = 25 << 30
+
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="needs vllm importable"
+)
+
+
+def _examples(divisor: int) -> int:
+    """A modest share of the profile's examples (ci 200 -> 200 // divisor)."""
+    return max(10, settings.default.max_examples // divisor)
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    rc = main(["config", *argv], stdout=out, stderr=err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def doc(argv: list[str]) -> dict[str, Any]:
+    rc, out, err = run([*argv, "--format", "json"])
+    assert rc == 0 and err == "", err
+    return json.loads(out)
+
+
+def assert_one_line_error(rc: int, out: str, err: str, needle: str = "") -> None:
+    assert rc == 2, (rc, out, err)
+    assert out == ""
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1 and err.endswith("\n"), err
+    assert lines[0].startswith("python -m vllm_adapter"), err
+    assert ": error: " in lines[0], err
+    assert needle in lines[0], (needle, err)
+
+
+def fixture_bytes_per_block(name: str) -> int:
+    from vllm_adapter import fixtures as fx
+
+    cfg = fx.load_fixture(name)["scheduler_kv_cache_config"]
+    return int(cfg["kv_cache_tensors"][0]["size"]) // int(cfg["num_blocks"])
+
+
+# ---------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.parametrize("model", sorted(MODELS_512))
+def test_json_has_the_fixture_geometry_and_the_resolved_knob(model: str) -> None:
+    from vllm_adapter import fixtures as fx
+
+    flags, fixture, blocks, windows = MODELS_512[model]
+    d = doc([*flags, "--block-size", "512", "--cpu-bytes", str(CPU_BYTES)])
+    stored = fx.load_fixture(fixture)["resolved"]
+    extra = d["kv_transfer_config"]["kv_connector_extra_config"]
+    assert d["kv_transfer_config"] == {
+        "kv_connector": "KvchunkOffloadingConnector",
+        "kv_connector_module_path": "vllm_adapter.connector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
+    assert extra == {
+        "block_size": 512,
+        "spec_name": "CPUOffloadingSpec",
+        "cpu_bytes_to_use": CPU_BYTES,
+    }
+    assert d["knob"]["blocks_per_chunk"] == blocks
+    assert d["vllm"]["tokens_per_hash"] == stored["tokens_per_hash"]
+    assert d["vllm"]["offloaded_group_ids"] == stored["offloaded_group_ids"]
+    groups = d["groups"]
+    assert [g["tokens_per_block"] for g in groups] == [
+        g["tokens_per_block"] for g in stored["groups"]
+    ]
+    assert [g["group_bytes_per_block"] for g in groups] == [
+        g["worker_bytes_per_block"] for g in stored["groups"]
+    ]
+    assert [g["window_in_chunks"] for g in groups] == windows
+    assert {g["blocks_per_chunk"] for g in groups} == {blocks}
+    assert [g["tokens_per_chunk"] for g in groups] == [
+        g["tokens_per_block"] * blocks for g in groups
+    ]
+    cpu = d["cpu_tier"]
+    per_block = fixture_bytes_per_block(fixture)
+    assert cpu["worker_kv_bytes_per_block"] == per_block
+    assert cpu["chunk_bytes_per_worker"] == per_block * blocks
+    assert {g["chunk_bytes_per_worker"] for g in groups} == {per_block * blocks}
+    assert max(g["group_bytes_per_chunk"] for g in groups) <= per_block * blocks
+    # vLLM's CPU tier: copies x chunk bytes, rounded up to the page; cpu_bytes // slot chunks.
+    assert cpu["copies"] == (1 if model == "dsv4" else 2)  # DSv4: replicated MLA layout
+    slot = -(-cpu["copies"] * per_block * blocks // cpu["page_alignment"]) * cpu["page_alignment"]
+    assert cpu["slot_bytes"] == slot
+    assert cpu["num_chunks"] == CPU_BYTES // slot
+    assert groups[0]["chunks_per_gib"] == round((1 << 30) / (per_block * blocks), 2)
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.parametrize("model", sorted(MODELS_512))
+def test_table_and_markdown_print(model: str) -> None:
+    flags, _, blocks, windows = MODELS_512[model]
+    rc, table, err = run([*flags, "--block-size", "512"])
+    assert rc == 0 and err == ""
+    lines = table.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("group "))
+    cells = [re.split(r"\s{2,}", r.strip()) for r in lines[header + 1 : header + 1 + len(windows)]]
+    assert [c[0] for c in cells] == [str(i) for i in range(len(windows))]
+    assert {c[3] for c in cells} == {str(blocks)}  # blocks/chunk
+    assert [c[5] for c in cells] == ["-" if w is None else str(w) for w in windows]
+    assert lines[-2] == "--kv-transfer-config:"
+    printed = json.loads(lines[-1])
+    assert printed["kv_connector_extra_config"]["block_size"] == 512
+    assert "cpu_bytes_to_use" not in printed["kv_connector_extra_config"]
+    assert any("cpu_bytes_to_use" in line for line in lines if line.startswith("note"))
+
+    rc, md, err = run([*flags, "--block-size", "512", "--format", "markdown"])
+    assert rc == 0 and err == ""
+    md_lines = md.splitlines()
+    table_rows = [line for line in md_lines if line.startswith("| ") and line[2].isdigit()]
+    assert len(table_rows) == len(windows)
+    fence = md_lines.index("```json")
+    assert json.loads(md_lines[fence + 1]) == printed
+
+
+# ---------------------------------------------------------------------------
+# Round trip: the printed JSON into a real Scheduler
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.parametrize("model", sorted(MODELS_512))
+def test_printed_json_runs_a_real_scheduler(model: str) -> None:
+    from vllm_adapter import fixtures as fx
+    from vllm_adapter import vllm_api as V
+    from vllm_adapter.connector import KvchunkOffloadingConnector
+
+    flags, fixture_name, blocks, _ = MODELS_512[model]
+    rc, out, err = run([*flags, "--block-size", "512", "--cpu-bytes", "25GiB"])
+    assert rc == 0 and err == ""
+    printed = json.loads(out.splitlines()[-1])  # what an operator pastes
+
+    # vllm_adapter.fixtures-style: the fixture's engine config with this KV-transfer config.
+    fixture = fx.load_fixture(fixture_name)
+    vllm_config = fx.make_vllm_config(
+        fixture,
+        printed["kv_connector_extra_config"],
+        connector=printed["kv_connector"],
+        connector_module_path=printed["kv_connector_module_path"],
+        cpu_bytes=printed["kv_connector_extra_config"]["cpu_bytes_to_use"],
+    )
+    pasted = V.KVTransferConfig(**printed)  # what vLLM makes of --kv-transfer-config
+    built = vllm_config.kv_transfer_config
+    for field in (
+        "kv_connector",
+        "kv_connector_module_path",
+        "kv_role",
+        "kv_connector_extra_config",
+    ):
+        assert getattr(built, field) == getattr(pasted, field), field
+    kv_cache_config = fx.rebuild_kv_cache_config(fixture, "scheduler")
+    block_size, hash_block_size = fx.scheduler_block_sizes(kv_cache_config, vllm_config)
+    scheduler = V.Scheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=V.StructuredOutputManager(vllm_config),
+        block_size=block_size,
+        hash_block_size=hash_block_size,
+        log_stats=False,
+    )
+    connector = scheduler.connector
+    assert isinstance(connector, KvchunkOffloadingConnector)
+    assert connector.kvchunk_extra_config["blocks_per_chunk"] == blocks
+    assert connector.connector_scheduler.config.blocks_per_chunk == blocks
+    assert connector.kvchunk_chunking.uniform_blocks_per_chunk == blocks
+
+
+# ---------------------------------------------------------------------------
+# --chunk-bytes
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.vllm
+@needs_vllm
+@settings(max_examples=_examples(16))
+@given(
+    model=st.sampled_from(sorted(MODELS_512)),
+    target=st.one_of(st.integers(1, 64 << 20), st.sampled_from([1 << 20, 16 << 20, 1 << 30])),
+)
+def test_chunk_bytes_picks_the_smallest_b_reaching_the_target(model: str, target: int) -> None:
+    flags = MODELS_512[model][0]
+    d = doc([*flags, "--chunk-bytes", str(target)])
+    blocks = d["knob"]["blocks_per_chunk"]
+    per_block = d["cpu_tier"]["worker_kv_bytes_per_block"]
+    assert d["kv_transfer_config"]["kv_connector_extra_config"]["blocks_per_chunk"] == blocks
+    assert d["knob"]["given"] == {"chunk_bytes": target}
+    assert {g["blocks_per_chunk"] for g in d["groups"]} == {blocks}  # one B for every group
+    assert d["cpu_tier"]["chunk_bytes_per_worker"] == per_block * blocks >= target
+    assert blocks == 1 or per_block * (blocks - 1) < target  # smallest (every B is valid here)
+    # The chosen B, given directly, prints the same table.
+    same = doc([*flags, "--blocks-per-chunk", str(blocks)])
+    assert same["groups"] == d["groups"]
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_chunk_bytes_units() -> None:
+    d = doc([*GEMMA, "--chunk-bytes", "64MiB", "--cpu-bytes", "25GiB"])
+    # gemma-4 TP2: 1.25 MiB per block per worker -> 52 blocks = 65 MiB >= 64 MiB > 51 blocks
+    assert d["knob"]["blocks_per_chunk"] == 52
+    assert d["cpu_tier"]["cpu_bytes_to_use"] == 25 << 30
+
+
+# ---------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["config", "--model", "/no/such/dir", "-tp", "2"], "no such directory"),
+        ([*["config"], *GEMMA, "--block-size", "512", "--blocks-per-chunk", "16"], "only one of"),
+        (["config", "--model", str(MODELS / "tiny-llama"), "-tp", "1"], "LlamaForCausalLM"),
+    ],
+    ids=["missing-dir", "both-knobs", "unsupported-arch"],
+)
+def test_subprocess_errors_are_one_line(argv: list[str], needle: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_adapter", *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, needle)
+
+
+PRE_IMPORT_ERRORS = [
+    (["--model", str(MODELS / "gemma-4-31B-it")], "required: --tensor-parallel-size"),
+    ([*GEMMA[:2], "-tp", "0"], "must be a positive integer, got '0'"),
+    ([*GEMMA[:2], "-tp", "two"], "must be a positive integer, got 'two'"),
+    ([*GEMMA, "--block-size", "0"], "'block_size' must be greater than 0"),
+    ([*GEMMA, "--block-size", "5.5"], "'block_size' must be a positive integer"),
+    (
+        [*GEMMA, "--blocks-per-chunk", "-3"],
+        "'blocks_per_chunk' must be a positive integer, got '-3'",
+    ),
+    ([*GEMMA, "--blocks-per-chunk", "true"], "'blocks_per_chunk' must be a positive integer"),
+    ([*GEMMA, "--chunk-bytes", "0"], "positive whole number of bytes"),
+    ([*GEMMA, "--chunk-bytes", "1.5B"], "positive whole number of bytes"),
+    ([*GEMMA, "--cpu-bytes", "lots"], "must be a byte count"),
+    ([*GEMMA, "--chunk-bytes", "1MiB", "--block-size", "512"], "at most one of"),
+    ([*GEMMA, "--format", "yaml"], "invalid choice: 'yaml'"),
+    ([*GEMMA, "--mamba-cache-mode", "all"], "invalid choice: 'all'"),
+    ([*GEMMA, "--prefix-cache-retention-interval", "-1"], "must be an integer >= 0"),
+    ([*GEMMA, "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ([*GEMMA, "--kv-cache-dtype", "fp8; rm"], "not a KV-cache dtype name"),
+    (["--model", str(MODELS / "gemma-4-31B-it" / "config.json"), "-tp", "2"], "not a directory"),
+]
+
+
+@pytest.mark.parametrize(("argv", "needle"), PRE_IMPORT_ERRORS)
+def test_argument_errors_are_one_line(argv: list[str], needle: str) -> None:
+    assert_one_line_error(*run(argv), needle)
+
+
+def test_model_dir_errors(tmp_path: Path) -> None:
+    assert_one_line_error(*run(["--model", str(tmp_path), "-tp", "1"]), "no config.json")
+    (tmp_path / "config.json").write_text("{not json")
+    assert_one_line_error(*run(["--model", str(tmp_path), "-tp", "1"]), "not readable JSON")
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    assert_one_line_error(*run(["--model", str(tmp_path), "-tp", "1"]), "names no 'architectures'")
+
+
+def test_no_command_and_help() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    assert main([], stdout=out, stderr=err) == 2
+    assert len(err.getvalue().splitlines()) == 1 and "required: command" in err.getvalue()
+    out = io.StringIO()
+    assert main(["config", "--help"], stdout=out, stderr=io.StringIO()) == 0
+    assert "--chunk-bytes" in out.getvalue()
+
+
+PLANNING_ERRORS = [
+    # The reference's messages: the knob, the group, valid values.
+    (
+        [*GEMMA, "--block-size", "500"],
+        "'block_size'=500 in kv_connector_extra_config must be a multiple of the alignment "
+        "groups' block size (32 tokens, e.g. group 5 (full, 32 tokens/block)). Use 480 or 512",
+    ),
+    (
+        [*DSV4, "--block-size", "100"],
+        "(256 tokens, e.g. group 2 (full, 256 tokens/block)). Use 256",
+    ),
+    (
+        [*GEMMA, "--block-size", "512", "--prefix-cache-retention-interval", "100"],
+        "prefix_cache_retention_interval (100) must be a multiple of tokens_per_chunk (256) of "
+        "group 0 (sliding_window, window 1024, 16 tokens/block)",
+    ),
+    ([*GEMMA, "--block-size", "512", "--cpu-bytes", "1MiB"], "holds no chunk"),
+    # vLLM's own verdicts, on one line.
+    ([*GEMMA[:2], "-tp", "3"], "must be divisible by tensor parallel size (3)"),
+    ([*GEMMA, "--kv-cache-dtype", "fp9"], "Invalid kv_cache_dtype: 'fp9'"),
+]
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.parametrize(("argv", "needle"), PLANNING_ERRORS)
+def test_planning_errors_are_one_line(argv: list[str], needle: str) -> None:
+    assert_one_line_error(*run(argv), needle)
+
+
+@pytest.mark.vllm
+@needs_vllm
+@settings(max_examples=_examples(8))
+@given(tokens=st.integers(1, 1 << 20).filter(lambda t: t % 32))
+def test_block_size_not_a_multiple_names_the_group_and_valid_values(tokens: int) -> None:
+    lower, upper = tokens // 32 * 32, tokens // 32 * 32 + 32
+    valid = f"Use {lower} or {upper}" if lower else f"Use {upper}"
+    assert_one_line_error(
+        *run([*GEMMA, "--block-size", str(tokens)]), f"group 5 (full, 32 tokens/block)). {valid}"
+    )
+
+
+_JUNK = st.one_of(
+    st.integers(-(10**6), 10**12).map(str),
+    st.sampled_from(["", "0", "-0", "1e3", "2.5", "0x10", "true", "null", " 64 ", "1_0"]),
+    st.text(alphabet="0123456789.-+abcGMKiB ", max_size=8),
+)
+_PLAUSIBLE = st.sampled_from(["512", "1024", "16", "2", "256", "64MiB", "25GiB", "4096"])
+_VALUE = st.one_of(_PLAUSIBLE, _JUNK)
+_BYTES = st.sampled_from(["25GiB", "1TB", "1073741824", "26843545600"])
+_KNOB = st.sampled_from(["--block-size", "--blocks-per-chunk", "--chunk-bytes"])
+_MODELS = [
+    (str(MODELS / "gemma-4-31B-it"), "2"),
+    (str(MODELS / "DeepSeek-V4-Flash"), "4"),
+]
+
+
+@st.composite
+def random_argv(draw: st.DrawFn) -> list[str]:
+    """Mostly plausible command lines with junk mixed in (planned models only: cached)."""
+    model, tp = draw(
+        st.sampled_from(
+            [*_MODELS, *_MODELS, (str(MODELS / "tiny-llama"), "1"), (str(MODELS / "nope"), "2")]
+        )
+    )
+    argv = ["--model", model]
+    if draw(st.sampled_from([True] * 9 + [False])):  # usually present
+        # Few distinct TP values: each new one is a (cached) vLLM planning run.
+        bad_tp = st.sampled_from(["0", "-1", "x", "", "2.0", "1_0", "3", "10**9"])
+        argv += ["--tensor-parallel-size", draw(st.one_of(st.just(tp), bad_tp))]
+    for flag in draw(st.lists(_KNOB, max_size=draw(st.sampled_from([1, 1, 2])))):
+        argv += [flag, draw(_VALUE)]
+    if draw(st.sampled_from([True, False])):
+        argv += ["--cpu-bytes", draw(st.one_of(_BYTES, _JUNK))]
+    if draw(st.booleans()):
+        argv += ["--format", draw(st.sampled_from(["table", "json", "markdown", "xml"]))]
+    return argv
+
+
+@pytest.mark.vllm
+@needs_vllm
+@settings(max_examples=_examples(4))
+@given(argv=random_argv())
+def test_random_argv_prints_or_fails_with_one_line(argv: list[str]) -> None:
+    rc, out, err = run(argv)
+    event(f"exit status {rc}")
+    if rc == 0:
+        assert err == ""
+        assert "KvchunkOffloadingConnector" in out
+        if "json" in argv:
+            json.loads(out)
+    else:
+        assert_one_line_error(rc, out, err)
