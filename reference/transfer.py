@@ -41,9 +41,11 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
+import numpy as np
 import torch
 
 from reference.mathutil import cdiv
@@ -323,7 +325,10 @@ def _tensor_copies(t: int, page: int, pieces: list[_Piece]) -> TensorCopies:
 BATCH_BYTES = 8 << 20
 """Rows are moved in batches of about this many bytes per canonical tensor.
 
-One temporary per batch (plus a host staging copy when crossing devices) keeps
+Host path (every tensor on the CPU): no temporaries at all; each copy op moves
+the rows of one chunk that land in consecutive sub-slots (at most this many
+bytes), straight from block rows into the slot or back.  Device path: one
+temporary per batch (plus a host staging copy when crossing devices) keeps
 memory bounded whatever the job size, and small enough for the allocators to
 reuse instead of faulting in fresh pages on every call.
 """
@@ -346,6 +351,10 @@ def gather(
     """
     plan = plan_copies(layout, block_ids, group_sizes, block_indices, slot_ids)
     _check_tensors(layout, gpu_tensors, pool, plan)
+    if _all_on_host(gpu_tensors, pool):
+        for bundle in _bundles(plan, gpu_tensors):
+            _gather_host(bundle, pool)
+        return
     for copies in plan:
         if copies.num_copies == 0:
             continue
@@ -384,6 +393,10 @@ def scatter(
     """
     plan = plan_copies(layout, block_ids, group_sizes, block_indices, slot_ids)
     _check_tensors(layout, gpu_tensors, pool, plan)
+    if _all_on_host(gpu_tensors, pool):
+        for bundle in _bundles(plan, gpu_tensors):
+            _scatter_host(bundle, pool)
+        return
     for copies in plan:
         if copies.num_copies == 0:
             continue
@@ -405,6 +418,222 @@ def scatter(
                 dst_words.narrow(1, 0, w).index_copy_(
                     0, ids[lo:hi], rows[lo - start : hi - start, :w]
                 )
+
+
+# -- host path: every tensor on the CPU ---------------------------------------
+#
+# No temporaries: every op copies straight between block rows and sub-slots, one
+# op per *segment* (the rows of one chunk that land in consecutive sub-slots).
+# Canonical tensors that are equally spaced views of one buffer (vLLM's
+# layer-outermost layouts: gemma-4's 10 tensors) and make the same copies are
+# *bundled*: one 3-D view ``[tensors, blocks, page]`` stands for all of them,
+# and one op per segment moves the bytes of every tensor (their sub-slot
+# regions are equally spaced too), so ops stay large when pages are small.
+
+
+@dataclass(frozen=True, eq=False)
+class _Bundle:
+    """``count`` consecutive canonical tensors with identical copies, as one strided view.
+
+    ``view`` is ``[count, rows, page]``: element ``[k, b]`` is row ``b`` of
+    tensor ``copies.tensor_index + k``; it never overlaps itself.  Run ``r``'s
+    region of tensor ``k`` starts ``region_steps[r] * k`` bytes after
+    ``copies.runs[r].region_offset``.
+    """
+
+    copies: TensorCopies
+    view: torch.Tensor
+    region_steps: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return int(self.view.shape[0])
+
+
+def _all_on_host(gpu_tensors: Sequence[torch.Tensor], pool: torch.Tensor) -> bool:
+    return pool.device.type == "cpu" and all(t.device.type == "cpu" for t in gpu_tensors)
+
+
+def _bundles(plan: tuple[TensorCopies, ...], tensors: Sequence[torch.Tensor]) -> list[_Bundle]:
+    """The plan's non-empty tensors, consecutive ones bundled where that is exact."""
+    groups: list[list[TensorCopies]] = []
+    for copies in plan:
+        if copies.num_copies == 0:
+            continue
+        if groups and _bundles_with(groups[-1], copies, tensors):
+            groups[-1].append(copies)
+        else:
+            groups.append([copies])
+    out = []
+    for group in groups:
+        first = group[0]
+        src = tensors[first.tensor_index]
+        step = (
+            tensors[group[1].tensor_index].storage_offset() - src.storage_offset()
+            if len(group) > 1
+            else 0
+        )
+        view = src.as_strided(
+            (len(group), src.shape[0], src.shape[1]),
+            (step, src.stride(0), 1),
+            src.storage_offset(),
+        )
+        steps = tuple(
+            (group[1].runs[r].region_offset - run.region_offset) if len(group) > 1 else 0
+            for r, run in enumerate(first.runs)
+        )
+        out.append(_Bundle(first, view, steps))
+    return out
+
+
+def _bundles_with(
+    group: list[TensorCopies], copies: TensorCopies, tensors: Sequence[torch.Tensor]
+) -> bool:
+    """Whether ``copies`` can join ``group`` (all of it on the same equally spaced terms)."""
+    first, last = group[0], group[-1]
+    k = len(group)
+    if copies.tensor_index != last.tensor_index + 1 or copies.page_bytes != first.page_bytes:
+        return False
+    a, b = tensors[first.tensor_index], tensors[copies.tensor_index]
+    if (
+        b.untyped_storage().data_ptr() != a.untyped_storage().data_ptr()
+        or b.shape != a.shape
+        or b.stride() != a.stride()
+    ):
+        return False
+    step = int(tensors[group[1].tensor_index].storage_offset() if k > 1 else b.storage_offset())
+    step -= int(a.storage_offset())
+    if step <= 0 or int(b.storage_offset() - a.storage_offset()) != k * step:
+        return False
+    # The bundled view must not overlap itself (writes through it are then exact).
+    if not _disjoint((k + 1, int(a.shape[0]), int(a.shape[1])), (step, a.stride(0), 1)):
+        return False
+    if len(copies.runs) != len(first.runs):
+        return False
+    for mine, theirs in zip(copies.runs, first.runs, strict=True):
+        if (mine.start, mine.stop, mine.blocks_per_chunk, mine.nbytes) != (
+            theirs.start,
+            theirs.stop,
+            theirs.blocks_per_chunk,
+            theirs.nbytes,
+        ):
+            return False
+        # Regions equally spaced, each a whole run of sub-slots apart: no overlap.
+        spacing = theirs.blocks_per_chunk * first.page_bytes
+        if mine.region_offset != theirs.region_offset + k * spacing:
+            return False
+    return (
+        torch.equal(copies.block_ids, first.block_ids)
+        and torch.equal(copies.slot_ids, first.slot_ids)
+        and torch.equal(copies.sub_slots, first.sub_slots)
+    )
+
+
+def _disjoint(sizes: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """A sufficient test that a strided view's elements never share an address."""
+    extent = 0
+    for stride, size in sorted(zip(strides, sizes, strict=True)):
+        if size == 1:
+            continue
+        if stride <= extent:
+            return False
+        extent += (size - 1) * stride
+    return True
+
+
+def _segments(copies: TensorCopies) -> list[tuple[int, int, int, int, int]]:
+    """``(lo, hi, slot, sub_slot, run)``: rows ``[lo, hi)`` go to consecutive sub-slots.
+
+    Row ``lo + i`` is copied to/from sub-slot ``sub_slot + i`` of slot ``slot``,
+    in the region of run ``run``.  A segment never crosses a chunk or a run and
+    moves at most about :data:`BATCH_BYTES` bytes per tensor (at least one row).
+    """
+    n = copies.num_copies
+    slots, subs = copies.slot_ids, copies.sub_slots
+    new = torch.ones(n, dtype=torch.bool)
+    if n > 1:
+        torch.ne(slots[1:], slots[:-1], out=new[1:])
+        new[1:] |= subs[1:] != subs[:-1] + 1
+    run_of = torch.empty(n, dtype=torch.int64)
+    for r, run in enumerate(copies.runs):
+        new[run.start] = True
+        run_of[run.start : run.stop] = r
+    starts = new.nonzero().flatten()
+    los = starts.tolist()
+    his = los[1:] + [n]
+    out: list[tuple[int, int, int, int, int]] = []
+    for lo, hi, slot, sub, r in zip(
+        los,
+        his,
+        slots[starts].tolist(),
+        subs[starts].tolist(),
+        run_of[starts].tolist(),
+        strict=True,
+    ):
+        step = max(1, BATCH_BYTES // copies.runs[r].nbytes)
+        while hi - lo > step:
+            out.append((lo, lo + step, slot, sub, r))
+            lo += step
+            sub += step
+        out.append((lo, hi, slot, sub, r))
+    return out
+
+
+def _gather_host(bundle: _Bundle, pool: torch.Tensor) -> None:
+    """Store on the host: one indexed copy per segment, straight into the slot.
+
+    Whole rows from a contiguous view into contiguous sub-slots go through
+    NumPy's ``take(out=)`` (a ``memcpy`` per row, little overhead per call);
+    anything else through torch's ``index_select(out=)`` on strided views.
+    ``take`` copies a non-contiguous source whole and buffers a non-contiguous
+    output, so it only gets contiguous ones; ``mode="clip"`` skips its output
+    buffering (ids were range-checked already).
+    """
+    copies, view, count = bundle.copies, bundle.view, bundle.count
+    page = copies.page_bytes
+    ids = copies.block_ids
+    ids_np = ids.numpy()
+    view_np = view.numpy() if view.is_contiguous() else None
+    pool_np = pool.numpy()
+    base = pool.storage_offset()
+    for lo, hi, slot, sub, r in _segments(copies):
+        run, rows = copies.runs[r], hi - lo
+        start = run.region_offset + sub * page
+        step = bundle.region_steps[r]
+        if view_np is not None and run.nbytes == page and (count == 1 or step == rows * page):
+            target = pool_np[slot, start : start + count * rows * page]
+            np.take(
+                view_np, ids_np[lo:hi], axis=1, out=target.reshape(count, rows, page), mode="clip"
+            )
+        else:
+            strided = pool.as_strided(
+                (count, rows, run.nbytes), (step, page, 1), base + slot * pool.stride(0) + start
+            )
+            torch.index_select(view.narrow(2, 0, run.nbytes), 1, ids[lo:hi], out=strided)
+
+
+def _scatter_host(bundle: _Bundle, pool: torch.Tensor) -> None:
+    """Load on the host: one fancy-index assignment per segment, slot bytes straight into rows.
+
+    NumPy's ``rows[:, ids] = sub_slots`` copies each row with one ``memcpy``-speed
+    move (torch's ``index_copy_`` goes element by element), reading the slot in
+    place.
+    """
+    copies, count = bundle.copies, bundle.count
+    page = copies.page_bytes
+    ids_np = copies.block_ids.numpy()
+    view_np = bundle.view.numpy()
+    base = pool.storage_offset()
+    for lo, hi, slot, sub, r in _segments(copies):
+        run, rows = copies.runs[r], hi - lo
+        start = base + slot * pool.stride(0) + run.region_offset + sub * page
+        source = pool.as_strided(
+            (count, rows, run.nbytes), (bundle.region_steps[r], page, 1), start
+        )
+        view_np[:, ids_np[lo:hi], : run.nbytes] = source.numpy()
+
+
+# -- device path ----------------------------------------------------------------
 
 
 def _batches(num_rows: int, row_bytes: int) -> list[tuple[int, int]]:
@@ -538,6 +767,8 @@ def _check_tensors(
 def _check_rows(name: str, tensor: torch.Tensor, width: int) -> None:
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device: it holds no bytes to copy")
     if tensor.dtype != torch.uint8:
         raise ValueError(f"{name} has dtype {tensor.dtype}; it must be torch.uint8")
     if tensor.ndim != 2:
@@ -552,12 +783,30 @@ def _check_rows(name: str, tensor: torch.Tensor, width: int) -> None:
         raise ValueError(f"{name} rows overlap: row stride {tensor.stride(0)} < {width} bytes")
 
 
+def _sequence(name: str, values: object) -> list[Any]:
+    """``values`` as a list; a clear ValueError for None, a str/bytes or a non-iterable."""
+    if values is None or isinstance(values, (str, bytes, bytearray)) or not isinstance(
+        values, Iterable
+    ):
+        raise ValueError(f"{name} must be a sequence of ints, got {type(values).__name__}")
+    try:
+        return list(values)
+    except TypeError:
+        raise ValueError(f"{name} must be a sequence of ints, got {type(values).__name__}") from None
+
+
 def _ids_tensor(name: str, values: IdsLike) -> torch.Tensor:
     if isinstance(values, torch.Tensor):
         ids = values
     else:
-        seq = list(values)
-        ids = torch.as_tensor(seq) if seq else torch.empty(0, dtype=torch.int64)
+        seq = _sequence(name, values)
+        if any(not _is_int(v) for v in seq):
+            bad = next(v for v in seq if not _is_int(v))
+            raise ValueError(f"{name} must hold integers, got {bad!r}")
+        try:
+            ids = torch.as_tensor(seq, dtype=torch.int64) if seq else torch.empty(0, dtype=torch.int64)
+        except (OverflowError, RuntimeError, TypeError, ValueError):
+            raise ValueError(f"{name} holds an id outside the int64 range: {seq!r}"[:200]) from None
     if ids.dtype == torch.bool or ids.dtype.is_floating_point or ids.dtype.is_complex:
         raise ValueError(f"{name} must hold integers, got dtype {ids.dtype}")
     if ids.ndim != 1:
@@ -569,7 +818,7 @@ def _ids_tensor(name: str, values: IdsLike) -> torch.Tensor:
 
 
 def _small_ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
-    out = tuple(values)
+    out = tuple(_sequence(name, values))
     for i, v in enumerate(out):
         if not _is_int(v):
             raise ValueError(f"{name}[{i}] must be an int, got {v!r}")
