@@ -104,6 +104,64 @@ class ConformanceReport:
             lines.append(f"| {fixture} | {knob} | {lane} | {cell.status()} |")
         return "\n".join(lines)
 
+    def reliability(self) -> str:
+        """The Reliability table: every number is a counter the suite recorded (faults lane)."""
+        c = self.counters
+        if not any(k.startswith(("config_fuzz_", "fault:", "faults_", "load_trace_")) for k in c):
+            return ""
+
+        def get(name: str) -> str:
+            return str(c[name]) if name in c else "not run"
+
+        rows: list[tuple[str, str, str]] = [
+            ("configs tried (fuzzed kv_connector_extra_config, CLI arguments)",
+             get("config_fuzz_tried"), "config_fuzz_tried"),
+            ("invalid configs rejected cleanly (ValueError / exit 2 naming the knob)",
+             get("config_fuzz_rejected_cleanly"), "config_fuzz_rejected_cleanly"),
+            ("valid configs accepted and resolved as the reference says",
+             get("config_fuzz_accepted"), "config_fuzz_accepted"),
+            ("configs handled uncleanly (other exception, no knob named, wrong resolution)",
+             get("config_fuzz_unclean"), "config_fuzz_unclean"),
+        ]
+        for name in sorted(k for k in c if k.startswith("fault:")):
+            kind = name.removeprefix("fault:").replace("_", " ")
+            rows.append((f"faults injected: {kind}", str(c[name]), name))
+        corrupted = [n for n in ("faults_corrupted_loads", "corrupted_loads") if n in c]
+        rows += [
+            ("loaded blocks checked against the expected bytes (faults + data lanes)",
+             str(sum(c.get(n, 0) for n in ("faults_loaded_blocks_checked", "loaded_blocks_checked"))),
+             "faults_loaded_blocks_checked + loaded_blocks_checked"),
+            ("corrupted loads (faults + data lanes)",
+             str(sum(c[n] for n in corrupted)) if corrupted else "not run", " + ".join(corrupted)),
+            ("blocks read by a forward pass, checked", get("faults_blocks_read_checked"),
+             "faults_blocks_read_checked"),
+            ("corrupted reads", get("faults_corrupted_reads"), "faults_corrupted_reads"),
+            ("blocks recomputed after a failed load, checked", get("faults_recomputed_blocks_checked"),
+             "faults_recomputed_blocks_checked"),
+            ("loads of a key whose store failed", get("faults_failed_store_loaded"),
+             "faults_failed_store_loaded"),
+            ("leaks (pins, ref counts, pool blocks, request state left after the drain)",
+             get("faults_leaks"), "faults_leaks"),
+            ("lost-store jobs vLLM retains until a connector reset (accounted, not leaks)",
+             get("faults_lost_store_jobs_retained"), "faults_lost_store_jobs_retained"),
+            ("connector resets needed to unblock requests waiting on a lost store",
+             get("faults_lost_store_stall_resets"), "faults_lost_store_stall_resets"),
+        ]
+        if "load_trace_requests" in c:
+            secs = max(c.get("load_trace_ms", 0), 1) / 1000
+            rows += [
+                ("load trace: requests", str(c["load_trace_requests"]), "load_trace_requests"),
+                ("load trace: engine steps", get("load_trace_steps"), "load_trace_steps"),
+                ("load trace: harness throughput (requests/s)",
+                 f"{c['load_trace_requests'] / secs:.0f}", "load_trace_requests / load_trace_ms"),
+                ("load trace: harness throughput (steps/s)",
+                 f"{c.get('load_trace_steps', 0) / secs:.0f}", "load_trace_steps / load_trace_ms"),
+                ("load trace: RSS growth after warm-up (KiB)", get("load_trace_rss_growth_kib"),
+                 "load_trace_rss_growth_kib"),
+            ]
+        body = "\n".join(f"| {what} | {value} | `{src}` |" for what, value, src in rows)
+        return f"| measure | value | counter |\n|---|---|---|\n{body}"
+
     def write(self, path: Path, header: str) -> str:
         timing = "\n".join(
             f"| {lane} | {secs:.1f} |" for lane, secs in sorted(self.lane_seconds.items())
@@ -113,6 +171,9 @@ class ConformanceReport:
             f"# kvchunk conformance report\n\n{header}\n\n## Results\n\n{self.table()}\n\n"
             f"## Lane timings (s)\n\n| lane | seconds |\n|---|---|\n{timing}\n"
         )
+        reliability = self.reliability()
+        if reliability:
+            text += f"\n## Reliability (counted by the suite)\n\n{reliability}\n"
         if counters:
             text += f"\n## Counters (counted by the suite)\n\n| counter | value |\n|---|---|\n{counters}\n"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -49,7 +49,12 @@ output to ``connector.update_connector_output``, which completes a job when
 ``TransferResult.success``: failures cannot be reported per job.  A failed
 *load* is emulated the way the core accepts it for hybrid layouts: the job is
 reported done and its request is put in ``KVConnectorOutput.failed_recving``.
-A failed store has no representation and is refused.
+A failed store has no representation and is refused (``JobFault(never=True)``
+loses the job instead; on the runner path :mod:`conformance.faults` does the
+same with real bytes, see there).  One emulated worker stands for every rank:
+with ``world_size > 1`` each job it finishes is reported ``world_size`` times
+(:meth:`DriverSession._rank_reports`), as the executor's aggregation of the
+ranks' worker meta would; a worker may report fewer ranks for a job.
 """
 
 from __future__ import annotations

@@ -23,6 +23,8 @@ class PlanCase:
     retention: int | None
     num_gpu_blocks: int = 1024
     num_cpu_chunks: int = 64
+    max_len: int = 520
+    """Longest shared prefix drawn; 512-token chunks need longer prompts to hit."""
 
     def __str__(self) -> str:
         tier = f"/cpu={self.num_cpu_chunks}" if self.num_cpu_chunks != 64 else ""

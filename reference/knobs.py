@@ -137,7 +137,8 @@ def _positive_int(knob: str, value: Any, what: str = "") -> int:
         raise ValueError(f"{label} must be a positive integer, got the boolean {value!r}.")
     if isinstance(value, int):
         n = value
-    elif isinstance(value, str) and value.strip().lstrip("+").isdigit():
+    elif isinstance(value, str) and value.strip().lstrip("+").isdecimal():
+        # isdecimal, not isdigit: "²" is a digit that int() refuses.
         # vLLM does int(value), so "64" is accepted there; accept it here too.
         n = int(value.strip())
     elif isinstance(value, float) and value.is_integer():
@@ -158,7 +159,7 @@ def _group_index(key: Any, geometry: Geometry) -> int:
         index = None
     elif isinstance(key, int):
         index = key
-    elif isinstance(key, str) and key.strip().isdigit():
+    elif isinstance(key, str) and key.strip().isdecimal():
         index = int(key.strip())
     if index is None or index not in valid:
         raise ValueError(

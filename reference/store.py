@@ -213,7 +213,7 @@ class ChunkStore:
         order).  Keys not pending (absent, or already ready) are ignored, as in
         vLLM.
         """
-        for key in [_key(k) for k in keys]:
+        for key in _keys("complete_store", keys):
             entry = self._entries.get(key)
             if entry is None or entry.ready:
                 continue
@@ -234,7 +234,7 @@ class ChunkStore:
 
     def prepare_load(self, keys: Sequence[bytes]) -> tuple[int, ...]:
         """Pin ready keys for a load (ref count + 1 each, per occurrence) and return their slots."""
-        keys = [_key(k) for k in keys]
+        keys = _keys("prepare_load", keys)
         for key in keys:
             entry = self._entries.get(key)
             if entry is None or not entry.ready:
@@ -249,7 +249,7 @@ class ChunkStore:
 
     def complete_load(self, keys: Iterable[bytes]) -> None:
         """Unpin keys whose load finished (ref count - 1 each, per occurrence)."""
-        counts = Counter(_key(k) for k in keys)
+        counts = Counter(_keys("complete_load", keys))
         for key, n in counts.items():
             entry = self._entries.get(key)
             if entry is None or entry.ref_count < n:
@@ -276,7 +276,7 @@ class ChunkStore:
 
     def touch(self, keys: Sequence[bytes]) -> None:
         """Mark held keys most recently used, ``keys[0]`` the most recent; others are ignored."""
-        for key in reversed([_key(k) for k in keys]):
+        for key in reversed(_keys("touch", keys)):
             if key in self._entries:
                 self._entries.move_to_end(key)
 
@@ -321,8 +321,23 @@ def _key(key: object) -> bytes:
     return key
 
 
+def _keys(where: str, keys: Iterable[bytes]) -> list[bytes]:
+    """A list of keys; a clear ValueError for None, a single key, a str or a non-iterable."""
+    if keys is None or isinstance(keys, (bytes, bytearray, str)):
+        raise ValueError(
+            f"{where}: keys must be a sequence of bytes keys, got {type(keys).__name__} {keys!r}"
+        )
+    try:
+        items = list(keys)
+    except TypeError:
+        raise ValueError(
+            f"{where}: keys must be a sequence of bytes keys, got {type(keys).__name__}"
+        ) from None
+    return [_key(k) for k in items]
+
+
 def _distinct_keys(where: str, keys: Iterable[bytes]) -> list[bytes]:
-    out = [_key(k) for k in keys]
+    out = _keys(where, keys)
     if len(set(out)) != len(out):
         repeated = sorted({k.hex() for k in out if out.count(k) > 1})
         raise ValueError(f"{where}: keys must be distinct, repeated: {repeated}")

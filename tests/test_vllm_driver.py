@@ -347,3 +347,29 @@ def test_kv_transfer_params_reach_the_connector() -> None:
     (load,) = trace.load_jobs("B")
     assert load.job.group_sizes == (8,) and load.job.block_indices == (0,)
     assert len(load.job.keys) == 2
+
+
+def test_world_size_above_one_reports_each_job_once_per_worker() -> None:
+    """gemma-4 TP2 without a model runner: the TransferEngine reports every job once per worker.
+
+    vLLM's scheduler completes a job after ``world_size`` reports (one per rank);
+    one report per job left every store pending while the session said it was idle.
+    """
+    from conformance.kvdata import fixture_driver
+    from vllm_adapter import fixtures as fx
+
+    if "gemma-4-31B-it-tp2" not in fx.fixture_names():
+        pytest.skip("fixture gemma-4-31B-it-tp2 not generated")
+    driver = fixture_driver(
+        "gemma-4-31B-it-tp2", {"blocks_per_chunk": 1}, num_gpu_blocks=224, num_cpu_chunks=256
+    )
+    assert driver.vllm_config.parallel_config.world_size == 2
+    s = driver.session()
+    s.add_request(RequestSpec("A", tuple(range(1000, 1300)), max_tokens=2))
+    s.run_until_idle()
+    cs = s.connector_scheduler
+    assert not cs._jobs, f"jobs still pending after the session went idle: {sorted(cs._jobs)}"
+    done = [d for r in s.trace().of_type(JobsDone) for d in r.done]
+    assert done and all(d.count == 2 for d in done)
+    stores = [d for d in s.dispatched if d.kind == "store"]
+    assert stores and cs.manager._num_write_pending_chunks == 0

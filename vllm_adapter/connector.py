@@ -71,6 +71,8 @@ __all__ = ["KvchunkOffloadingConnector", "resolve_for_vllm", "translate_extra_co
 
 # Specs whose __init__ reads cpu_bytes_to_use (TieringOffloadingSpec subclasses CPUOffloadingSpec).
 _CPU_SPECS = ("CPUOffloadingSpec", "TieringOffloadingSpec")
+# Specs whose manager is vLLM's CPUOffloadingManager (eviction_policy, max_tracker_size).
+_MANAGER_SPECS = (*_CPU_SPECS, "ReferenceOffloadingSpec")
 
 
 def _knob_used(extra: Mapping[str, Any]) -> str:
@@ -120,6 +122,40 @@ def _check_other_keys(extra: Mapping[str, Any]) -> None:
         _int_like("sync_load_budget_bytes", extra["sync_load_budget_bytes"], non_negative=True)
     if "store_threshold" in extra:
         _int_like("store_threshold", extra["store_threshold"])
+    if extra.get("spec_name", "CPUOffloadingSpec") in _MANAGER_SPECS:
+        _check_cache_policy(extra)
+
+
+def _check_cache_policy(extra: Mapping[str, Any]) -> None:
+    """``max_tracker_size`` (``int()``-ed) and ``eviction_policy`` / ``cache_policy_module_path``.
+
+    vLLM's CPU manager resolves the policy through ``CachePolicyFactory``; a
+    bad name is a ``ValueError`` that does not say which key, an unhashable one
+    a ``TypeError``, a bad module path an ``ImportError``.  Resolved here the
+    same way, each becomes a ``ValueError`` naming the key.
+    """
+    if "max_tracker_size" in extra:
+        _int_like("max_tracker_size", extra["max_tracker_size"])
+    if "eviction_policy" not in extra and "cache_policy_module_path" not in extra:
+        return
+    name = extra.get("eviction_policy", "lru")
+    module = extra.get("cache_policy_module_path")
+    if not isinstance(name, str):
+        raise ValueError(
+            f"'eviction_policy' in kv_connector_extra_config must be a string, got {name!r}."
+        )
+    if module is not None and not isinstance(module, str):
+        raise ValueError(
+            "'cache_policy_module_path' in kv_connector_extra_config must be a string, "
+            f"got {module!r}."
+        )
+    try:
+        V.CachePolicyFactory.get_cache_policy_cls(name, module)
+    except (ValueError, ImportError, AttributeError) as e:
+        raise ValueError(
+            f"'eviction_policy'={name!r} (cache_policy_module_path={module!r}) in "
+            f"kv_connector_extra_config does not name a cache policy: {type(e).__name__}: {e}"
+        ) from None
 
 
 def resolve_for_vllm(vllm_config: Any, kv_cache_config: Any) -> tuple[Chunking, dict[str, Any]]:

@@ -51,16 +51,16 @@ CASES = [
     _case("fa64+mamba-align@64", "full_mamba_align_kv_cache_config", (64, 64), 2),
     PlanCase("gemma-4-31B-it-tp2", "block_size=512", "fixture",
              ("gemma-4-31B-it-tp2", "KvchunkOffloadingConnector", "vllm_adapter.connector"),
-             (("block_size", 512),), 0, 512),
+             (("block_size", 512),), 0, 4096, 4096, 1600),
     PlanCase("gemma-4-31B-it-tp2", "blocks_per_chunk=2", "fixture",
              ("gemma-4-31B-it-tp2", "OffloadingConnector", None),
-             (("blocks_per_chunk", 2),), 0, 512),
+             (("blocks_per_chunk", 2),), 0, 4096, 4096, 1600),
     PlanCase("deepseek-v4-flash-tp4", "block_size=512", "fixture",
              ("deepseek-v4-flash-tp4", "KvchunkOffloadingConnector", "vllm_adapter.connector"),
-             (("block_size", 512),), 0, 512),
+             (("block_size", 512),), 0, 4096, 4096, 1600),
     PlanCase("deepseek-v4-flash-tp4", "blocks_per_chunk=1", "fixture",
              ("deepseek-v4-flash-tp4", "OffloadingConnector", None),
-             (("blocks_per_chunk", 1),), 0, 512),
+             (("blocks_per_chunk", 1),), 0, 4096, 4096, 1600),
 ]
 
 
@@ -70,7 +70,7 @@ def test_plans_agree(case: PlanCase, backend: Backend, record_property) -> None:
     counts = {"traces": 0, "answers": 0, "loads": 0, "stores": 0}
 
     @settings(max_examples=_EXAMPLES, suppress_health_check=list(HealthCheck))
-    @given(workloads())
+    @given(workloads(max_len=case.max_len))
     def check(workload) -> None:  # type: ignore[no-untyped-def]
         trace = driver.run(workload)
         expected = replay(trace)
