@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
         "conformance.plugin",
         f"--junitxml={reports / 'conformance.xml'}",
         "-o",
-        "junit_family=xunit2",
+        "junit_family=xunit1",
         "-q",
         "-rfEsx",
         *argv,

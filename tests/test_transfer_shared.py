@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from test_transfer import Job, oracle_copies, oracle_gather
 
 import reference.transfer as TM
 from reference.transfer import TensorRef, TransferLayout, gather, scatter
-from tests.test_transfer import Job, oracle_copies, oracle_gather
 
 
 @st.composite
