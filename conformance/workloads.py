@@ -76,19 +76,23 @@ def workloads(draw: st.DrawFn, max_requests: int = 4, max_len: int = 520) -> T.W
                 arrival_step=draw(st.integers(0, 12)),
             )
         )
+    # Early resets clear only the GPU prefix cache.  A connector reset while requests
+    # run triggers vLLM bug "connector-reset-stale-swa-blocks" (deviations/vllm.toml,
+    # reproduced as a strict xfail in the faults lane), which would mask everything
+    # else; connector resets happen at the late reset, once the early requests are done.
     resets = tuple(
-        T.ResetSpec(step=s, reset_connector=draw(st.booleans()))
+        T.ResetSpec(step=s, reset_connector=False)
         for s in sorted(draw(st.sets(st.integers(1, 20), max_size=2)))
     )
     if draw(st.integers(0, 3)):
         # Most workloads end with a repeat after a GPU-only prefix-cache reset, so the
         # offload tier (not the GPU cache) serves it: loads are exercised, not left to luck.
-        late = 120
+        late = 300
         source = draw(st.sampled_from(requests))
         extra = tuple(draw(st.lists(st.integers(61, 90), max_size=40)))
         requests.append(T.RequestSpec("repeat", source.prompt + extra, max_tokens=2,
                                       arrival_step=late + 1))
-        resets += (T.ResetSpec(step=late, reset_connector=False),)
+        resets += (T.ResetSpec(step=late, reset_connector=draw(st.integers(0, 3)) == 0),)
     aborts = tuple(
         T.AbortSpec(step=draw(st.integers(1, 15)), req_id=r.req_id)
         for r in requests
