@@ -49,6 +49,7 @@ import mmap
 import random
 import shutil
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -414,7 +415,7 @@ def _u8(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.uint8 else t.view(torch.uint8)
 
 
-class _Tier:
+class _Tier(ABC):
     """A CPU tier seen as ``area(t)``: uint8 ``[num_chunks, bpc, page_t]`` views (writable)."""
 
     name = "tier"
@@ -422,8 +423,9 @@ class _Tier:
     blocks_per_chunk: int
     num_chunks: int
 
-    def area(self, t: int) -> torch.Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def area(self, t: int) -> torch.Tensor:
+        """Tensor ``t``'s sub-slots, uint8 ``[num_chunks, bpc, page_t]``."""
 
     def rows(self, t: int, chunks: torch.Tensor, subs: torch.Tensor, nbytes: int) -> torch.Tensor:
         """uint8 ``[n, nbytes]``: bytes ``[0, nbytes)`` of sub-slots ``(chunks[i], subs[i])`` of tensor ``t``."""
