@@ -1,66 +1,142 @@
 """Developer and CI entry points for kvchunk.
 
-Every session runs on the uv backend and reuses its environment, so a warm uv
-cache makes re-runs cost seconds.  ``KVCHUNK_PROFILE`` (``ci`` by default,
-``deep`` for nightly runs, ``dev`` for a quick look) picks the hypothesis
-profile for both ``tests`` and ``conformance``.
+Every vLLM-facing session is parametrized by the vLLM release it runs
+against (:data:`VLLM_VERSIONS`), so ``nox -s tests`` and ``nox -s conformance``
+run every supported release, and one is picked with, e.g.::
+
+    nox -s "conformance(vllm='0.34.0')"
+
+Installs are reproducible: each release has a full lock under
+``constraints/`` (``nox -s lock`` regenerates them) that every session installs
+with.  Sessions run on the uv backend and reuse their environments; both
+releases pin torch 2.14.0, so uv's cache holds the 9 GB stack once.
+``KVCHUNK_PROFILE`` (``ci`` by default, ``deep`` for nightly runs, ``dev`` for
+a quick look) picks the hypothesis profile for ``tests`` and ``conformance``.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import nox
 
 nox.options.default_venv_backend = "uv"
 nox.options.reuse_venv = "yes"
-nox.options.sessions = ["lint", "tests", "conformance"]
+nox.options.sessions = ["lint", "tests", "conformance", "serve_install"]
 
 PYTHON = "3.11"
-# One requirement set for every session: uv hard-links from its cache, so the
-# 9 GB vLLM/torch stack is paid for once per machine, not once per session.
-INSTALL = ("-e", ".[vllm,dev,plot]")
+ROOT = Path(__file__).resolve().parent
+CONSTRAINTS = ROOT / "constraints"
+
+VLLM_VERSIONS = ("0.33.0", "0.34.0")
+"""The vLLM releases kvchunk supports, oldest first (the newest is the default)."""
+
+# The extras every development session installs.  One set for all sessions: uv
+# hard-links from its cache, so the vLLM/torch stack is paid for once per machine.
+DEV_EXTRAS = "vllm,dev,plot"
 
 
-def _install(session: nox.Session) -> None:
-    session.install(*INSTALL)
+def lock_file(vllm: str) -> Path:
+    """The full pinned resolution for one vLLM release (``nox -s lock`` writes it)."""
+    return CONSTRAINTS / f"vllm-{vllm}.txt"
 
 
-def _env() -> dict[str, str]:
+def override_file(vllm: str) -> Path | None:
+    """Overrides of a release's own pins that the registry cannot satisfy (see the file)."""
+    path = CONSTRAINTS / f"overrides-vllm-{vllm}.txt"
+    return path if path.exists() else None
+
+
+def _resolution_args(vllm: str) -> list[str]:
+    args = ["-c", str(lock_file(vllm))]
+    override = override_file(vllm)
+    if override is not None:
+        args += ["--override", str(override)]
+    return args
+
+
+def _install(session: nox.Session, vllm: str, extras: str = DEV_EXTRAS) -> None:
+    session.install("-e", f".[{extras}]", *_resolution_args(vllm))
+
+
+def _env(vllm: str) -> dict[str, str]:
     return {
         "KVCHUNK_PROFILE": os.environ.get("KVCHUNK_PROFILE", "ci"),
+        "KVCHUNK_VLLM": vllm,
         # vLLM on a CPU-only host: keep it quiet and off the network.
         "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        # PYTHONDONTWRITEBYTECODE (set on our CI machines) makes every process recompile
+        # the vLLM and torch modules it imports (most of a minute each); an empty value
+        # lets the first process cache them in the session's environment.
+        "PYTHONDONTWRITEBYTECODE": "",
     }
 
 
 @nox.session(python=PYTHON)
-def tests(session: nox.Session) -> None:
+@nox.parametrize("vllm", VLLM_VERSIONS)
+def tests(session: nox.Session, vllm: str) -> None:
     """Unit and property tests that run on CPU (reference, adapter, helpers)."""
-    _install(session)
-    session.run("pytest", "tests", *session.posargs, env=_env())
+    _install(session, vllm)
+    session.run("pytest", "tests", *session.posargs, env=_env(vllm))
 
 
 @nox.session(python=PYTHON)
-def conformance(session: nox.Session) -> None:
+@nox.parametrize("vllm", VLLM_VERSIONS)
+def conformance(session: nox.Session, vllm: str) -> None:
     """The main job: vLLM's real offloading path against the reference, lane by lane."""
-    _install(session)
-    session.run("python", "-m", "conformance", *session.posargs, env=_env())
+    _install(session, vllm)
+    session.run("python", "-m", "conformance", *session.posargs, env=_env(vllm))
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("vllm", VLLM_VERSIONS)
+def serve_install(session: nox.Session, vllm: str) -> None:
+    """An operator's install, ``.[vllm]`` alone: the CLI plans gemma-4 and DeepSeek-V4."""
+    _install(session, vllm, extras="vllm")
+    session.run("python", "scripts/check_serve_install.py", vllm, env=_env(vllm))
 
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Throughput benchmarks (pytest-benchmark); exits non-zero when a target is missed."""
-    _install(session)
-    session.run("python", "-m", "conformance.bench", *session.posargs, env=_env())
+    """Throughput benchmarks (pytest-benchmark) on the newest vLLM; non-zero when a target is missed."""
+    vllm = VLLM_VERSIONS[-1]
+    _install(session, vllm)
+    session.run("python", "-m", "conformance.bench", *session.posargs, env=_env(vllm))
 
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff everywhere, mypy --strict on the reference."""
-    _install(session)
-    session.run("ruff", "check", "reference", "vllm_adapter", "conformance", "tests", "noxfile.py")
+    _install(session, VLLM_VERSIONS[-1])
+    session.run(
+        "ruff", "check", "reference", "vllm_adapter", "conformance", "tests", "scripts", "noxfile.py"
+    )
     session.run("mypy", "--strict", "reference")
+
+
+@nox.session(python=PYTHON, venv_backend="uv")
+def lock(session: nox.Session) -> None:
+    """Re-resolve ``constraints/vllm-*.txt``: one full lock per supported vLLM release."""
+    session.install("uv")
+    for vllm in VLLM_VERSIONS:
+        pin = CONSTRAINTS / f"pin-vllm-{vllm}.txt"
+        pin.write_text(f"vllm=={vllm}\n")
+        try:
+            args = [
+                "uv", "pip", "compile", "pyproject.toml", "--quiet",
+                "--extra", "vllm", "--extra", "dev", "--extra", "plot",
+                "--python-version", PYTHON, "--python-platform", "x86_64-manylinux_2_28",
+                "-c", str(pin.relative_to(ROOT)),
+                "--custom-compile-command", "nox -s lock",
+                "-o", str(lock_file(vllm).relative_to(ROOT)),
+            ]
+            override = override_file(vllm)
+            if override is not None:
+                args += ["--override", str(override.relative_to(ROOT))]
+            session.run(*args, external=False)
+        finally:
+            pin.unlink()

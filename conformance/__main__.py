@@ -1,11 +1,21 @@
 """``python -m conformance [--backend module:object] [pytest args...]``.
 
-Runs every lane, prints the fixture x knob x lane table and writes
-``reports/conformance.md`` and ``reports/conformance.xml`` (JUnit).
+Runs every lane against the installed vLLM, prints the fixture x knob x lane
+table and writes, for that release:
+
+* ``reports/conformance-<vllm version>.md`` and ``.xml`` (JUnit);
+* ``reports/versions-<vllm version>.json``: its answers to the cases of
+  :data:`conformance.versions.CHANGES`;
+
+then rewrites ``reports/conformance.md``: the "What changed" section (every
+release whose answers are in ``reports/``, side by side) followed by the newest
+release's report.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import os
 import platform
 import sys
@@ -14,34 +24,76 @@ from pathlib import Path
 import pytest
 
 from conformance.report import ConformanceReport
+from conformance.versions import CHANGES, RELEASES, rules_for
 
 ROOT = Path(__file__).resolve().parent.parent
+REPORTS = ROOT / "reports"
+
+
+def _vllm_version() -> str:
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
 
 
 def _deviations_section() -> str:
     from conformance import deviations
 
     rows = [
-        f"| {d.id} | {d.kind} | {d.lane} | {', '.join(d.cases)} | {' '.join(d.reproduction.split())} |"
+        f"| {d.id} | {d.kind} | {d.lane} | {', '.join(d.cases) or '-'} | "
+        f"{' '.join(d.reproduction.split())} |"
         for d in deviations.load("vllm")
     ]
+    path = deviations.path_for("vllm").relative_to(ROOT)
     return (
-        "\n## Known deviations (conformance/deviations/vllm.toml, strict xfails)\n\n"
+        f"\n## Known deviations ({path}; strict xfails where a case is named)\n\n"
         "| id | kind | lane | cases | minimal reproduction |\n|---|---|---|---|---|\n"
         + "\n".join(rows)
         + "\n"
     )
 
 
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".") if p.isdigit())
+
+
+def what_changed(answers: dict[str, dict[str, str]]) -> str:
+    """The "What changed" section: per change, the rule, its case and each release's answer."""
+    versions = sorted(answers, key=_version_key)
+    if not versions:
+        return ""
+    head = "| change | rule | minimal case | " + " | ".join(f"vLLM {v}" for v in versions)
+    head += " | intended |\n|---|---|---|" + "---|" * len(versions) + "---|\n"
+    rows = []
+    for c in CHANGES:
+        cells = [answers[v].get(c.id, "(not run)") for v in versions]
+        rows.append(f"| `{c.id}` | {c.rule} | {c.case} | " + " | ".join(cells) + f" | {c.intended} |")
+    policies = "\n".join(
+        f"* vLLM {v}: `{rules_for(v).policy.last_token.value}` last-token rule, "
+        f"`{rules_for(v).policy.null_blocks_in_store.value}` null blocks, "
+        f"reload after a failed load: {rules_for(v).policy.reload_after_failed_load}"
+        for v in sorted(RELEASES, key=_version_key)
+    )
+    return (
+        "## What changed between vLLM releases (measured by the `versions` lane)\n\n"
+        "Each answer is what that release's real scheduler and connector did on the case, "
+        "recorded by `conformance/lanes/test_versions.py` from `reports/versions-<release>.json`. "
+        "The reference replays every trace with the release's switches "
+        "(`conformance/versions.py`):\n\n"
+        f"{policies}\n\n{head}" + "\n".join(rows) + "\n"
+    )
+
+
 def main(argv: list[str]) -> int:
-    reports = ROOT / "reports"
-    reports.mkdir(exist_ok=True)
+    REPORTS.mkdir(exist_ok=True)
+    version = _vllm_version()
     plugin = ConformanceReport()
     args = [
         str(ROOT / "conformance" / "lanes"),
         "-p",
         "conformance.plugin",
-        f"--junitxml={reports / 'conformance.xml'}",
+        f"--junitxml={REPORTS / f'conformance-{version}.xml'}",
         "-o",
         "junit_family=xunit1",
         "-q",
@@ -55,13 +107,34 @@ def main(argv: list[str]) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu only (no CUDA)"
     except ImportError:  # pragma: no cover
         device = "unknown"
+    known = "" if rules_for(version).known else " (no rules row: runs the newest known release's)"
     header = (
-        f"Profile `{os.environ.get('KVCHUNK_PROFILE', 'ci')}`, python {platform.python_version()}, "
-        f"device: {device}, exit status {int(code)}."
+        f"vLLM {version}{known}, profile `{os.environ.get('KVCHUNK_PROFILE', 'ci')}`, python "
+        f"{platform.python_version()}, device: {device}, exit status {int(code)}."
     )
-    text = plugin.write(reports / "conformance.md", header)
-    text += _deviations_section()
-    (reports / "conformance.md").write_text(text)
+    per_version = REPORTS / f"conformance-{version}.md"
+    text = plugin.write(per_version, header) + _deviations_section()
+    per_version.write_text(text)
+    if plugin.version_answers:
+        (REPORTS / f"versions-{version}.json").write_text(
+            json.dumps(plugin.version_answers, indent=2, sort_keys=True) + "\n"
+        )
+    answers = {
+        p.stem.removeprefix("versions-"): json.loads(p.read_text())
+        for p in REPORTS.glob("versions-*.json")
+    }
+    newest = max([version, *answers], key=_version_key)
+    newest_text = text if newest == version else (REPORTS / f"conformance-{newest}.md").read_text()
+    others = ", ".join(
+        f"[vLLM {v}](conformance-{v}.md)" for v in sorted(answers, key=_version_key)
+    )
+    combined = (
+        f"# kvchunk conformance\n\nPer release: {others or per_version.name}.\n\n"
+        + what_changed(answers)
+        + "\n"
+        + newest_text.replace("# kvchunk conformance report", f"# vLLM {newest}", 1)
+    )
+    (REPORTS / "conformance.md").write_text(combined)
     print("\n" + text)
     return int(code)
 

@@ -667,8 +667,19 @@ class FaultyWorker:
         status = self.session.connector_scheduler._jobs.get(job_id)
         return frozenset(status.keys) if status is not None else frozenset()
 
+    def _gpu_side(self, gpu_side: Any) -> Any:
+        """The GPU side of a job as ``vllm_api.GpuBlocks`` (block ids, group sizes, indices).
+
+        vLLM passes a ``GPULoadStoreSpec`` (0.33.0) or ``DevicePointers`` (0.34.0);
+        the inner worker decodes either and takes the result back when the job runs,
+        and the runner's checks read its ``block_ids`` / ``group_sizes`` /
+        ``block_indices`` whatever the release.
+        """
+        return self.inner.gpu_blocks(gpu_side)
+
     def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
         self.stats.jobs_submitted += 1
+        src_spec = self._gpu_side(src_spec)
         job = _Job(job_id, True, src_spec, dst_spec, self.session.step_no + self._delay())
         job.keys = self._job_keys(job_id)
         status = self.session.connector_scheduler._jobs.get(job_id)
@@ -691,6 +702,7 @@ class FaultyWorker:
     def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False) -> bool:
         self.stats.jobs_submitted += 1
         s = self.session
+        dst_spec = self._gpu_side(dst_spec)
         job = _Job(job_id, False, src_spec, dst_spec, s.step_no + (0 if expedited else self._delay()))
         job.req_id = s.load_req.get(job_id)
         if job.req_id is not None and job.req_id in s.scheduler.requests:

@@ -6,7 +6,7 @@ Everything here runs without a GPU; the lanes (``conformance/lanes/test_gpu_copy
 gpu_copy: vLLM's CUDA copy path vs the reference copies
 -------------------------------------------------------
 
-The lane puts vLLM 0.33.0's real ``CPUOffloadingWorker`` (``CPUOffloadingSpec``'s
+The lane puts vLLM's real (0.33.0 or 0.34.0) ``CPUOffloadingWorker`` (``CPUOffloadingSpec``'s
 worker: CUDA copy kernels into the shared ``/dev/shm`` region, or into private
 pinned tensors) and :class:`vllm_adapter.spec.ReferenceOffloadingWorker`
 (:mod:`reference.transfer` gather/scatter into a ``[num_chunks, slot_bytes]``
@@ -127,11 +127,21 @@ class Job:
     def cpu_spec(self) -> Any:
         return V.CPULoadStoreSpec(list(self.chunk_ids))
 
-    def specs(self) -> tuple[Any, Any]:
-        """``(src_spec, dst_spec)`` as ``submit_store`` / ``submit_load`` take them (fresh objects)."""
+    def specs(self, kv_caches: Any = None) -> tuple[Any, Any]:
+        """``(src, dst)`` as ``submit_store`` / ``submit_load`` take them (fresh objects).
+
+        The GPU side is what vLLM's connector worker passes for this job over
+        ``kv_caches`` (the workers' ``CanonicalKVCaches``): the
+        ``GPULoadStoreSpec`` on 0.33.0, ``DevicePointers`` resolved over
+        ``kv_caches`` on 0.34.0 (``vllm_api.worker_gpu_arg``), which then
+        needs ``kv_caches``.  Without it, the ``GPULoadStoreSpec``.
+        """
+        gpu = self.gpu_spec()
+        if kv_caches is not None:
+            gpu = V.worker_gpu_arg(gpu, kv_caches)
         if self.kind == "store":
-            return self.gpu_spec(), self.cpu_spec()
-        return self.cpu_spec(), self.gpu_spec()
+            return gpu, self.cpu_spec()
+        return self.cpu_spec(), gpu
 
     def describe(self) -> str:
         where = self.origin if self.step < 0 else f"{self.origin}, step {self.step}"
@@ -328,7 +338,7 @@ def job_sub_slots(layout: TransferLayout, job: Job) -> list[SubSlot]:
 
 @dataclass(frozen=True)
 class VllmCpuLayout:
-    """Where vLLM 0.33.0's direct layout puts one worker's chunks in the shared region."""
+    """Where vLLM's direct layout (0.33.0 and 0.34.0 alike) puts one worker's chunks in the shared region."""
 
     page_bytes: tuple[int, ...]
     """Canonical tensors' (padded) pages, ``CanonicalKVCaches.tensors[t].page_size_bytes``."""
@@ -739,7 +749,7 @@ def vllm_worker_tier(worker: Any, spec: Any, page_bytes: Sequence[int]) -> tuple
     :meth:`VllmCpuLayout.for_spec`, and the worker's own CPU views checked
     against it.  Without: a :class:`TensorsTier` over its private tensors.
     """
-    views = list(worker._store_handler.dst_tensors)
+    views = V.cpu_worker_views(worker)
     region = getattr(worker, "_mmap_region", None)
     if region is None:
         return TensorsTier(views, page_bytes, int(spec.blocks_per_chunk)), []
@@ -762,7 +772,10 @@ class EmulatedVllmWorker:
     ``SingleDirectionOffloadingHandler.transfer_async``'s per-group loop
     (restated: it needs CUDA streams) calls vLLM's own ``_fill_direct_ops``
     (and through it ``compute_sub_block_ptrs``) unchanged; each descriptor is
-    then executed with ``ctypes.memmove``.  ``cpu_tensors`` are vLLM's CPU
+    then executed with ``ctypes.memmove``.  Both releases' loops are here:
+    0.33.0's takes the ``GPULoadStoreSpec`` and computes GPU addresses from the
+    GPU tensors; 0.34.0's takes ``DevicePointers`` (resolved by the caller, as
+    vLLM's connector worker does) and walks them with ``iter_pointer_groups``.  ``cpu_tensors`` are vLLM's CPU
     views (e.g. from a real ``SharedOffloadRegion.create_next_worker_view``).
     ``mutate(worker, all_src, all_dst, all_sizes, num_ops, gpu_to_cpu)`` (tests)
     may rewrite the descriptors before they run.
@@ -784,11 +797,16 @@ class EmulatedVllmWorker:
         self.refs = kv_caches.group_data_refs
         self.blocks_per_chunk = blocks_per_chunk
         self._mmap_region = mmap_region
-        self._store_handler = SimpleNamespace(dst_tensors=self.cpu_tensors)
+        self._store_handler = SimpleNamespace(
+            dst_tensors=self.cpu_tensors, cpu_tensors=self.cpu_tensors
+        )
         self._done: list[Any] = []
         self.mutate = mutate
 
     def _transfer(self, job_id: int, src_spec: Any, dst_spec: Any, gpu_to_cpu: bool) -> bool:
+        if V.WORKER_TAKES_DEVICE_POINTERS:
+            gpu_side, cpu_spec = (src_spec, dst_spec) if gpu_to_cpu else (dst_spec, src_spec)
+            return self._transfer_pointers(job_id, gpu_side, cpu_spec, gpu_to_cpu)
         b = self.blocks_per_chunk
         handler = SimpleNamespace(
             layer_refs_per_group=self.refs,
@@ -830,6 +848,58 @@ class EmulatedVllmWorker:
             total += nbytes
             src_off, dst_off = src_end, dst_end
         assert src_off == len(src_blocks) and dst_off == len(dst_blocks)
+        return self._execute(job_id, all_src, all_dst, all_sizes, op_idx, total, gpu_to_cpu)
+
+    def _transfer_pointers(
+        self, job_id: int, device_ptrs: Any, cpu_spec: Any, gpu_to_cpu: bool
+    ) -> bool:
+        """vLLM 0.34.0's ``transfer_async`` loop over pre-resolved device pointers."""
+        handler = SimpleNamespace(
+            layer_refs_per_group=self.refs,
+            cpu_tensors=self.cpu_tensors,
+            blocks_per_chunk=self.blocks_per_chunk,
+            gpu_to_cpu=gpu_to_cpu,
+        )
+        cpu_blocks = cpu_spec.block_ids
+        n_ops = sum(
+            int(n) * len(r)
+            for n, r in zip(device_ptrs.group_block_counts, self.refs, strict=True)
+        )
+        all_src = np.zeros(n_ops, dtype=np.int64)
+        all_dst = np.zeros(n_ops, dtype=np.int64)
+        all_sizes = np.zeros(n_ops, dtype=np.int64)
+        cpu_off = op_idx = total = 0
+        for g in V.iter_pointer_groups(device_ptrs, self.blocks_per_chunk):
+            cpu_end = cpu_off + g.n_chunks
+            assert cpu_end <= len(cpu_blocks)
+            op_idx, nbytes = V.SingleDirectionOffloadingHandler._fill_direct_ops(
+                handler,
+                g.group_idx,
+                device_ptrs=device_ptrs,
+                dev_ptr_offset=g.dev_ptr_offset,
+                cpu_block_ids=cpu_blocks[cpu_off:cpu_end],
+                group_size=g.group_size,
+                cpu_skip_count=g.skip,
+                all_src=all_src,
+                all_dst=all_dst,
+                all_sizes=all_sizes,
+                op_idx=op_idx,
+            )
+            total += nbytes
+            cpu_off = cpu_end
+        assert cpu_off == len(cpu_blocks)
+        return self._execute(job_id, all_src, all_dst, all_sizes, op_idx, total, gpu_to_cpu)
+
+    def _execute(
+        self,
+        job_id: int,
+        all_src: np.ndarray,
+        all_dst: np.ndarray,
+        all_sizes: np.ndarray,
+        op_idx: int,
+        total: int,
+        gpu_to_cpu: bool,
+    ) -> bool:
         if self.mutate is not None:
             self.mutate(self, all_src, all_dst, all_sizes, op_idx, gpu_to_cpu)
         for s, d, n in zip(all_src[:op_idx], all_dst[:op_idx], all_sizes[:op_idx], strict=True):
@@ -915,6 +985,7 @@ class CopyDifferential:
     ) -> None:
         from vllm_adapter.spec import canonical_gpu_tensors
 
+        self.kv_caches = kv_caches
         self.layout: TransferLayout = ref_worker.layout
         self.ref_worker = ref_worker
         self.vllm_worker = vllm_worker
@@ -998,8 +1069,8 @@ class CopyDifferential:
 
     def _store(self, job_id: int, job: Job, copies: list[SubSlot], what: str) -> None:
         self.stats.stores += 1
-        self.vllm_worker.submit_store(job_id, *job.specs())
-        self.ref_worker.submit_store(job_id, *job.specs())
+        self.vllm_worker.submit_store(job_id, *job.specs(self.kv_caches))
+        self.ref_worker.submit_store(job_id, *job.specs(self.kv_caches))
         self.vllm_worker.wait({job_id})
         size_v = self._drain(self.vllm_worker, "vLLM", job_id, what)
         size_r = self._drain(self.ref_worker, "reference", job_id, what)
@@ -1012,7 +1083,7 @@ class CopyDifferential:
     def _load(self, job_id: int, job: Job, copies: list[SubSlot], what: str) -> None:
         self.stats.loads += 1
         before = [f.clone() for f in self.flats]
-        self.vllm_worker.submit_load(job_id, *job.specs())
+        self.vllm_worker.submit_load(job_id, *job.specs(self.kv_caches))
         self.vllm_worker.wait({job_id})
         size_v = self._drain(self.vllm_worker, "vLLM", job_id, what)
         if self.device.type == "cuda":
@@ -1020,7 +1091,7 @@ class CopyDifferential:
         after_vllm = [f.clone() for f in self.flats]
         for f, b in zip(self.flats, before, strict=True):
             f.copy_(b)
-        self.ref_worker.submit_load(job_id, *job.specs())
+        self.ref_worker.submit_load(job_id, *job.specs(self.kv_caches))
         size_r = self._drain(self.ref_worker, "reference", job_id, what)
         if size_v != size_r:
             self._fail([f"{what}: transfer_size vLLM {size_v} != reference {size_r}"])

@@ -222,7 +222,10 @@ def _unpadded_page_bytes(spec: Any) -> int:
         return int(spec.unpadded_page_size_bytes)
     if isinstance(spec, V.MambaSpec):
         return int(dataclasses.replace(spec, page_size_padded=None).page_size_bytes)
-    raise NotImplementedError(f"no synthetic contents for {type(spec).__name__}")
+    raise ValueError(
+        f"the synthetic runner writes attention and Mamba layers only, not "
+        f"{type(spec).__name__}"
+    )
 
 
 def _layer_specs(group: Any) -> dict[str, Any]:
@@ -622,3 +625,75 @@ def fixture_driver(
         worker, vllm_config, num_gpu_blocks, like=fx.rebuild_kv_cache_config(data, "scheduler")
     )
     return D.VllmDriver(scheduler, vllm_config, worker_kv_cache_config=worker)
+
+
+KVCHUNK_CONNECTOR = "KvchunkOffloadingConnector"
+KVCHUNK_MODULE = "vllm_adapter.connector"
+
+
+@dataclass(frozen=True)
+class FixtureCase:
+    """A model fixture x knob run through vLLM's real path (data and gpu_copy lanes)."""
+
+    fixture: str
+    extra: tuple[tuple[str, int], ...]
+    kvchunk: bool
+    """Through kvchunk's connector (True) or vLLM's stock OffloadingConnector."""
+    num_gpu_blocks: int
+    num_cpu_chunks: int
+    prompt_len: int
+    budget: int = 256
+    block_tokens_base: int | None = None
+    """For knobs that count blocks (``blocks_per_chunk``): the fixture's scheduler block
+    size (tokens) ``prompt_len`` and ``budget`` were chosen for.  When the stored
+    fixture was planned with other blocks, both scale with them, so the workload
+    spans the same blocks and chunks: vLLM 0.34.0 plans gemma-4 with 64-token
+    blocks (128 for the full group) where 0.33.0 used 16 (32), and an unscaled
+    prompt would not fill one chunk.  ``None``: token counts are absolute."""
+
+    def token_scale(self) -> int:
+        """How many times the fixture's scheduler block exceeds :attr:`block_tokens_base`."""
+        if self.block_tokens_base is None:
+            return 1
+        from vllm_adapter import fixtures as fx
+
+        block = int(fx.load_fixture(self.fixture)["resolved"]["scheduler_block_size"])
+        if block % self.block_tokens_base:
+            raise ValueError(
+                f"{self}: the fixture's {block}-token scheduler block is not a multiple of "
+                f"the {self.block_tokens_base} tokens the workload was sized for"
+            )
+        return max(1, block // self.block_tokens_base)
+
+    @property
+    def workload_prompt_len(self) -> int:
+        """:attr:`prompt_len`, scaled to the fixture's blocks (:attr:`block_tokens_base`)."""
+        return self.prompt_len * self.token_scale()
+
+    @property
+    def workload_budget(self) -> int:
+        """:attr:`budget` (tokens per step), scaled like :attr:`workload_prompt_len`."""
+        return self.budget * self.token_scale()
+
+    @property
+    def connector(self) -> str:
+        return KVCHUNK_CONNECTOR if self.kvchunk else "OffloadingConnector"
+
+    @property
+    def knob(self) -> str:
+        (key, value), *_ = self.extra
+        return f"{key}={value} ({self.connector})"
+
+    def __str__(self) -> str:
+        (key, value), *_ = self.extra
+        return f"{self.fixture}-{key}{value}"
+
+    def driver(self) -> Any:
+        return fixture_driver(
+            self.fixture,
+            dict(self.extra),
+            num_gpu_blocks=self.num_gpu_blocks,
+            num_cpu_chunks=self.num_cpu_chunks,
+            connector=self.connector,
+            connector_module_path=KVCHUNK_MODULE if self.kvchunk else None,
+        )

@@ -11,10 +11,11 @@ lists and explains the first difference readably.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from conformance import trace as T
+from conformance.versions import rules_for
 from reference.jobs import LoadJob, StoreJob
 from reference.knobs import Chunking, resolve_extra_config
 from reference.plan import BlockRef, Planner, Policy, ScheduledRequest
@@ -95,7 +96,8 @@ def chunking_of(config: T.TraceConfig) -> Chunking:
 
 def policy_of(config: T.TraceConfig) -> Policy:
     extra = dict(config.extra_config)
-    return Policy(
+    return replace(
+        rules_for(config.vllm_version).policy,
         retention_interval=config.prefix_cache_retention_interval,
         offload_prompt_only=bool(extra.get("offload_prompt_only", True)),
         prefix_caching=config.enable_prefix_caching,

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-LANES = ("config", "plan", "data", "gpu_copy", "e2e", "faults", "meta")
+LANES = ("config", "plan", "data", "gpu_copy", "e2e", "faults", "versions", "meta")
 
 
 @dataclass
@@ -46,6 +46,8 @@ class ConformanceReport:
         self.cells: dict[tuple[str, str, str], Cell] = defaultdict(Cell)
         self.lane_seconds: dict[str, float] = defaultdict(float)
         self.counters: dict[str, int] = defaultdict(int)
+        self.version_answers: dict[str, str] = {}
+        """``version_answer:<change id>`` properties: this release's answer per change."""
         self.started = time.monotonic()
 
     @staticmethod
@@ -81,6 +83,9 @@ class ConformanceReport:
             for name, value in props.items():
                 if name.startswith("counter:") and isinstance(value, int):
                     self.counters[name.removeprefix("counter:")] += value
+                elif name.startswith("version_answer:"):
+                    outcome = "" if report.outcome == "passed" else f" (test {report.outcome})"
+                    self.version_answers[name.removeprefix("version_answer:")] = f"{value}{outcome}"
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:

@@ -10,10 +10,15 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from hypothesis import HealthCheck
 from hypothesis import strategies as st
 
 from reference.geometry import Geometry, GroupKind, KVGroup
 from reference.knobs import BlockSize, BlocksPerChunk, Knob, PerGroupBlocksPerChunk
+
+SLOW_EXAMPLE_CHECKS = (HealthCheck.too_slow, HealthCheck.data_too_large)
+"""The only health checks lanes suppress: one example runs vLLM's scheduler for many
+steps (slow by design) and workloads draw long prompts (large by design)."""
 
 TOKENS_PER_BLOCK = (4, 8, 16, 32, 64)
 

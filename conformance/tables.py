@@ -76,7 +76,7 @@ def table(geometry: Geometry, tokens: int = 5000, block_size: int = 512) -> str:
         f"**{geometry.name}**, `block_size: {block_size}`, {tokens}-token prompt: "
         f"reload hit = {hit} tokens.",
         "",
-        "| group | kind | tokens/block | blocks/chunk | tokens/chunk | window (chunks) | chunks stored | chunks reloaded |",
+        "| group | kind | tokens/block | blocks/chunk | tokens/chunk | window (chunks) | indices of chunks stored | indices of chunks reloaded |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for gc in chunking.groups:

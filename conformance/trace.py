@@ -96,6 +96,8 @@ class TraceConfig:
     max_model_len: int
     enable_prefix_caching: bool = True
     kv_load_failure_policy: str = "fail"
+    vllm_version: str = ""
+    """The vLLM release that ran the trace (selects its rules: :mod:`conformance.versions`)."""
 
     @property
     def offloaded_groups(self) -> tuple[TraceGroup, ...]:

@@ -340,7 +340,7 @@ class TransferEngine(V.OffloadingWorker):
 
     def _submit(self, job_id: int, kind: str) -> bool:
         fault = self._session.faults.get(job_id)
-        if fault is not None and fault.fail and kind == "store":
+        if fault is not None and fault.fail and kind == "store" and not V.SUPPORTS_FAILED_TRANSFERS:
             raise ValueError(
                 f"job {job_id} is a store: vLLM 0.33.0 cannot report a failed store "
                 "(OffloadingConnectorWorker.get_finished asserts TransferResult.success); "
@@ -366,7 +366,17 @@ class TransferEngine(V.OffloadingWorker):
         done = [j for j, due in self.due.items() if due is not None and due <= now]
         for j in done:
             del self.due[j]
-        return [V.TransferResult(job_id=j, success=True) for j in sorted(done)]
+        return [V.TransferResult(job_id=j, success=self._succeeds(j)) for j in sorted(done)]
+
+    def _succeeds(self, job_id: int) -> bool:
+        """False for a ``JobFault(fail=True)`` job, where the worker can say so (0.34.0).
+
+        On 0.33.0 a failed load is reported done and its request is listed in
+        ``failed_recving`` by :meth:`DriverSession._worker_step` (the only way
+        that release accepts one).
+        """
+        fault = self._session.faults.get(job_id)
+        return not (V.SUPPORTS_FAILED_TRANSFERS and fault is not None and fault.fail)
 
     def wait(self, job_ids: set[int]) -> None:
         for j in job_ids:
@@ -505,7 +515,7 @@ class _Recorder:
                 num_tokens=request.num_tokens,
                 num_prompt_tokens=request.num_prompt_tokens,
                 block_hashes=_hashes(request),
-                skip=bool(request.skip_reading_prefix_cache),
+                skip=V.skips_external_kv(request),
             )
             self._lookups = []
             try:
@@ -684,12 +694,14 @@ class _Recorder:
             wm = connector_output.kv_connector_worker_meta
             completed = dict(getattr(wm, "completed_jobs", {}) or {})
             failed = set(connector_output.failed_recving or ())
+            failed_jobs = V.failed_job_ids(wm)
             recving = set(connector_output.finished_recving or ())
             if completed or failed or recving:
                 done = tuple(
                     JobDone(
                         job_id=j,
-                        success=not (j in self.load_req and self.load_req[j] in failed),
+                        success=j not in failed_jobs
+                        and not (j in self.load_req and self.load_req[j] in failed),
                         count=int(n),
                     )
                     for j, n in sorted(completed.items())
@@ -825,7 +837,11 @@ class DriverSession:
         self.engine: TransferEngine | None
         if model_runner is None:
             self.engine = TransferEngine(self)
-            self.worker_connector.connector_worker.worker = self.engine
+            V.install_transfer_engine(
+                self.worker_connector.connector_worker,
+                self.engine,
+                len(self.kv_cache_config.kv_cache_groups),
+            )
         else:
             self.engine = None
             self.worker_connector.register_kv_caches(model_runner.kv_caches)
@@ -925,12 +941,13 @@ class DriverSession:
             worker_meta.completed_jobs = self._rank_reports(
                 transfer_worker, worker_meta.completed_jobs
             )
-        failed = set()
+        failed = set(getattr(results, "failed_recving", ()) or ())
         completed = getattr(worker_meta, "completed_jobs", {}) or {}
         failed_jobs = set(getattr(transfer_worker, "take_failed_loads", lambda: ())())
         for job_id in completed:
             fault = self.faults.get(job_id)
-            if (fault is not None and fault.fail) or job_id in failed_jobs:
+            emulated = fault is not None and fault.fail and not V.SUPPORTS_FAILED_TRANSFERS
+            if emulated or job_id in failed_jobs:
                 req_id = load_req.get(job_id) or self.load_req.get(job_id)
                 if req_id is not None:
                     failed.add(req_id)
@@ -990,12 +1007,7 @@ class DriverSession:
                 sampled.append([])
             else:
                 sampled.append([sampled_token(req_id, req.num_tokens, self.vocab_size)])
-        return V.ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=sampled,
-            kv_connector_output=kv_output,
-        )
+        return V.model_runner_output(req_ids, sampled, kv_output)
 
     def run_until_idle(self, max_steps: int = 1000) -> int:
         """Step until nothing is left to do; returns the steps taken."""
@@ -1187,6 +1199,7 @@ class VllmDriver:
             max_model_len=vc.model_config.max_model_len,
             enable_prefix_caching=bool(vc.cache_config.enable_prefix_caching),
             kv_load_failure_policy=str(vc.kv_transfer_config.kv_load_failure_policy),
+            vllm_version=V.VLLM_VERSION,
         )
 
 

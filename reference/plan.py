@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Protocol
 
 from reference.geometry import GroupKind
@@ -35,15 +36,56 @@ from reference.store import LookupResult, StorePlan
 # ---------------------------------------------------------------------------
 
 
+class LastTokenRule(Enum):
+    """How "the last token is always recomputed" (windowed groups) bounds a hit.
+
+    The rule's intent: the request's final token must be computed, so a hit may
+    end at most at ``num_tokens - 1``.  A tighter cap (the step's token budget,
+    ``max_load_tokens``) is already a legal end and must not lose a token too.
+    """
+
+    REQUEST_END = "request_end"
+    """Intended (vLLM 0.34.0): ``limit = min(num_tokens - 1, caps...)``."""
+    AFTER_CAPS = "after_caps"
+    """vLLM 0.33.0: ``limit = min(num_tokens, caps...) - 1``: a hit bounded by a cap
+    loses one token, and with it (``round_down`` to a chunk) a whole chunk."""
+
+
+class NullBlockRule(Enum):
+    """What a store job carries for a null block (id 0) inside a stored chunk.
+
+    Only unreachable window blocks can be null inside a stored chunk (a reachable
+    null block vetoes the chunk, see :meth:`Planner._store_job`).
+    """
+
+    PLACEHOLDER = "placeholder"
+    """Intended (vLLM 0.34.0): the null block stays in the job, so every block of a
+    chunk keeps its offset in the chunk (``block_indices`` is the chunk's first block)."""
+    SKIP = "skip"
+    """vLLM 0.33.0: null blocks are left out; ``group_sizes`` counts real blocks and
+    ``block_indices`` is the first real block's position."""
+
+
 @dataclass(frozen=True)
 class Policy:
-    """Engine settings that change plans but not chunk shapes."""
+    """Engine settings that change plans but not chunk shapes.
+
+    The defaults are the intended rules.  ``conformance.versions`` says which
+    switches each vLLM release runs with, so the plan lane compares exactly.
+    """
 
     retention_interval: int | None = 0
     """``prefix_cache_retention_interval``: 0 sparse (vLLM default), None dense, N > 0."""
     offload_prompt_only: bool = True
     prefix_caching: bool = True
     """GPU prefix caching on: a hit whose chunks are still being loaded is deferred."""
+    last_token: LastTokenRule = LastTokenRule.REQUEST_END
+    null_blocks_in_store: NullBlockRule = NullBlockRule.PLACEHOLDER
+    reload_after_failed_load: bool = False
+    """False (vLLM 0.34.0): after a failed load its request never loads from the
+    offloaded cache again, preemption included, so a faulting chunk is not retried.
+    True (vLLM 0.33.0): later lookups may hit and load again.  Neither serves
+    wrong bytes; this is a retry policy, not a correctness rule."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +165,7 @@ class _Request:
     jobs: set[int] = field(default_factory=set)
     finished: bool = False
     finished_signaled: bool = False
+    load_failed: bool = False
 
 
 @dataclass
@@ -309,7 +352,7 @@ class Planner:
         req.num_tokens = num_tokens
         _update_keys(self.chunking, req)
         req.computed_tokens = computed_tokens
-        if skip_reading_prefix_cache:
+        if skip_reading_prefix_cache or req.load_failed:
             return 0
         return self._lookup_complete_chunks(req, max_num_new_tokens)
 
@@ -346,13 +389,17 @@ class Planner:
     def _lookup_complete_chunks(self, req: _Request, max_num_new_tokens: int | None) -> int | None:
         groups = self.chunking.groups
         computed = req.computed_tokens
+        last_token = self.policy.last_token
         limit = req.num_tokens
+        if self._windowed and last_token is LastTokenRule.REQUEST_END:
+            limit -= 1  # the last token is always recomputed
         if max_num_new_tokens is not None:
             limit = min(limit, computed + max_num_new_tokens)
         if req.max_load_tokens is not None:
             limit = min(limit, computed + req.max_load_tokens)
         if self._windowed:
-            limit -= 1  # the last token is always recomputed
+            if last_token is LastTokenRule.AFTER_CAPS:
+                limit -= 1
             if self.chunking.mamba_align_tokens is not None:
                 limit = round_down(limit, self.chunking.mamba_align_tokens)
 
@@ -597,8 +644,11 @@ class Planner:
         if info.is_aborted:
             after = info.num_computed_tokens
         elif info.is_finished:
-            # The final sampled token's slot is never committed.
-            after = max(info.num_prompt_tokens, info.num_tokens - 1)
+            # The final sampled token's slot is never committed, and a request that
+            # finished before its prefill completed computed only part of its prompt.
+            after = min(
+                info.num_computed_tokens, max(info.num_prompt_tokens, info.num_tokens - 1)
+            )
         else:
             after = info.num_computed_tokens + info.num_scheduled_tokens
         offloadable = self._offloadable(req, after)
@@ -676,6 +726,7 @@ class Planner:
             self._advance(req, offloadable)
             return None
         to_store = set(plan.keys_to_store)
+        placeholders = self.policy.null_blocks_in_store is NullBlockRule.PLACEHOLDER
         block_ids: list[int] = []
         group_sizes: list[int] = []
         block_indices: list[int] = []
@@ -688,7 +739,7 @@ class Planner:
                 if state.keys[k] not in to_store:
                     continue
                 for j in range(k * bpc, (k + 1) * bpc):
-                    if state.block_ids[j] == 0:
+                    if state.block_ids[j] == 0 and not placeholders:
                         continue
                     if first is None:
                         first = j
@@ -774,13 +825,15 @@ class Planner:
         if job_id < self._stale_below:
             return  # flushed by a reset
         job = self._jobs.pop(job_id)
+        req = self._requests[job.req_id]
         if job.is_store:
             self.store.complete_store(job.keys, success)
         else:
             self.store.complete_load(job.keys)
+            if not success and not self.policy.reload_after_failed_load:
+                req.load_failed = True
             if self._being_loaded:
                 self._being_loaded.difference_update(job.keys)
-        req = self._requests[job.req_id]
         req.jobs.discard(job_id)
         if req.finished_signaled and not req.jobs:
             del self._requests[job.req_id]

@@ -4,7 +4,8 @@
   planning derives (equal to the stored fixtures) and the resolved knob.
 * The printed ``--kv-transfer-config`` JSON, fed to a real ``Scheduler`` built the
   way :mod:`vllm_adapter.fixtures` builds one, runs kvchunk's connector with
-  gemma-4 B=16 / DeepSeek-V4 B=2 for ``block_size`` 512.
+  gemma-4 B=16 (vLLM 0.33.0; B=4 on 0.34.0, see :data:`GEMMA_BY_DEFAULT_BLOCK`) /
+  DeepSeek-V4 B=2 for ``block_size`` 512.
 * ``--chunk-bytes`` picks the smallest B whose chunk bytes per worker reach the target.
 * Every user mistake: non-zero exit, one stderr line, no traceback, nothing on stdout
   (a few cases in a subprocess -- they fail before vLLM is imported, so they are
@@ -41,16 +42,36 @@ DSV4 = [
     "--block-size-gpu",
     "256",
 ]
-# model flags, fixture, blocks per chunk for block_size 512, window in chunks per group
+# model flags, fixture, blocks per chunk for block_size 512 (None: see gemma()), window in
+# chunks per group
 MODELS_512 = {
-    "gemma": (GEMMA, "gemma-4-31B-it-tp2", 16, [4, 4, 4, 4, 4, None]),
+    "gemma": (GEMMA, "gemma-4-31B-it-tp2", None, [4, 4, 4, 4, 4, None]),
     "dsv4": (DSV4, "deepseek-v4-flash-tp4", 2, [1, 1, None, 1, 8]),
 }
+# GEMMA gives no --block-size-gpu, so Gemma-4's sliding groups get vLLM's
+# CacheConfig.DEFAULT_BLOCK_SIZE tokens per block (FlashAttention keeps the default) and its
+# full group twice that.  vLLM 0.34.0 raised DEFAULT_BLOCK_SIZE from 16 to 64, so block_size
+# 512 is B=16 on 0.33.0 and B=4 on 0.34.0: the same 512-token (full) / 256-token (sliding)
+# chunks of 4x larger blocks.  DEFAULT_BLOCK_SIZE -> (sliding tokens/block, full
+# tokens/block, B for block_size 512, B for --chunk-bytes 64MiB).
+GEMMA_BY_DEFAULT_BLOCK = {16: (16, 32, 16, 52), 64: (64, 128, 4, 13)}
 CPU_BYTES = 25 << 30
 
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="needs vllm importable"
 )
+
+
+def gemma() -> tuple[int, int, int, int]:
+    """:data:`GEMMA_BY_DEFAULT_BLOCK` for the installed vLLM."""
+    from vllm_adapter import vllm_api as V
+
+    return GEMMA_BY_DEFAULT_BLOCK[V.CacheConfig.DEFAULT_BLOCK_SIZE]
+
+
+def models_512(model: str) -> tuple[list[str], str, int, list[int | None]]:
+    flags, fixture, blocks, windows = MODELS_512[model]
+    return flags, fixture, gemma()[2] if blocks is None else blocks, windows
 
 
 def _examples(divisor: int) -> int:
@@ -99,7 +120,7 @@ def fixture_bytes_per_block(name: str) -> int:
 def test_json_has_the_fixture_geometry_and_the_resolved_knob(model: str) -> None:
     from vllm_adapter import fixtures as fx
 
-    flags, fixture, blocks, windows = MODELS_512[model]
+    flags, fixture, blocks, windows = models_512(model)
     d = doc([*flags, "--block-size", "512", "--cpu-bytes", str(CPU_BYTES)])
     stored = fx.load_fixture(fixture)["resolved"]
     extra = d["kv_transfer_config"]["kv_connector_extra_config"]
@@ -147,7 +168,7 @@ def test_json_has_the_fixture_geometry_and_the_resolved_knob(model: str) -> None
 @needs_vllm
 @pytest.mark.parametrize("model", sorted(MODELS_512))
 def test_table_and_markdown_print(model: str) -> None:
-    flags, _, blocks, windows = MODELS_512[model]
+    flags, _, blocks, windows = models_512(model)
     rc, table, err = run([*flags, "--block-size", "512"])
     assert rc == 0 and err == ""
     lines = table.splitlines()
@@ -184,7 +205,7 @@ def test_printed_json_runs_a_real_scheduler(model: str) -> None:
     from vllm_adapter import vllm_api as V
     from vllm_adapter.connector import KvchunkOffloadingConnector
 
-    flags, fixture_name, blocks, _ = MODELS_512[model]
+    flags, fixture_name, blocks, _ = models_512(model)
     rc, out, err = run([*flags, "--block-size", "512", "--cpu-bytes", "25GiB"])
     assert rc == 0 and err == ""
     printed = json.loads(out.splitlines()[-1])  # what an operator pastes
@@ -256,7 +277,8 @@ def test_chunk_bytes_picks_the_smallest_b_reaching_the_target(model: str, target
 def test_chunk_bytes_units() -> None:
     d = doc([*GEMMA, "--chunk-bytes", "64MiB", "--cpu-bytes", "25GiB"])
     # gemma-4 TP2: 1.25 MiB per block per worker -> 52 blocks = 65 MiB >= 64 MiB > 51 blocks
-    assert d["knob"]["blocks_per_chunk"] == 52
+    # (vLLM 0.34.0's 4x larger default blocks: 5 MiB -> 13 blocks = 65 MiB)
+    assert d["knob"]["blocks_per_chunk"] == gemma()[3]
     assert d["cpu_tier"]["cpu_bytes_to_use"] == 25 << 30
 
 
@@ -331,12 +353,15 @@ def test_no_command_and_help() -> None:
     assert "--chunk-bytes" in out.getvalue()
 
 
+# Needles are str.format templates: {sliding} / {full} are Gemma-4's tokens per block and
+# {below_500} the largest multiple of {full} below 500 (per vLLM release, see gemma()).
 PLANNING_ERRORS = [
     # The reference's messages: the knob, the group, valid values.
     (
         [*GEMMA, "--block-size", "500"],
         "'block_size'=500 in kv_connector_extra_config must be a multiple of the alignment "
-        "groups' block size (32 tokens, e.g. group 5 (full, 32 tokens/block)). Use 480 or 512",
+        "groups' block size ({full} tokens, e.g. group 5 (full, {full} tokens/block)). "
+        "Use {below_500} or 512",
     ),
     (
         [*DSV4, "--block-size", "100"],
@@ -345,7 +370,7 @@ PLANNING_ERRORS = [
     (
         [*GEMMA, "--block-size", "512", "--prefix-cache-retention-interval", "100"],
         "prefix_cache_retention_interval (100) must be a multiple of tokens_per_chunk (256) of "
-        "group 0 (sliding_window, window 1024, 16 tokens/block)",
+        "group 0 (sliding_window, window 1024, {sliding} tokens/block)",
     ),
     ([*GEMMA, "--block-size", "512", "--cpu-bytes", "1MiB"], "holds no chunk"),
     # vLLM's own verdicts, on one line.
@@ -358,6 +383,8 @@ PLANNING_ERRORS = [
 @needs_vllm
 @pytest.mark.parametrize(("argv", "needle"), PLANNING_ERRORS)
 def test_planning_errors_are_one_line(argv: list[str], needle: str) -> None:
+    sliding, full, _, _ = gemma()
+    needle = needle.format(sliding=sliding, full=full, below_500=500 // full * full)
     assert_one_line_error(*run(argv), needle)
 
 
@@ -366,11 +393,23 @@ def test_planning_errors_are_one_line(argv: list[str], needle: str) -> None:
 @settings(max_examples=_examples(8))
 @given(tokens=st.integers(1, 1 << 20).filter(lambda t: t % 32))
 def test_block_size_not_a_multiple_names_the_group_and_valid_values(tokens: int) -> None:
-    lower, upper = tokens // 32 * 32, tokens // 32 * 32 + 32
+    full = gemma()[1]  # 32 or 128: a non-multiple of 32 is a non-multiple of either
+    lower, upper = tokens // full * full, tokens // full * full + full
     valid = f"Use {lower} or {upper}" if lower else f"Use {upper}"
     assert_one_line_error(
-        *run([*GEMMA, "--block-size", str(tokens)]), f"group 5 (full, 32 tokens/block)). {valid}"
+        *run([*GEMMA, "--block-size", str(tokens)]),
+        f"group 5 (full, {full} tokens/block)). {valid}",
     )
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_gemma_with_the_033_gpu_block_size_is_b16_on_every_release() -> None:
+    """``--block-size-gpu 16`` pins vLLM 0.33.0's default layout on any release: B=16."""
+    d = doc([*GEMMA, "--block-size-gpu", "16", "--block-size", "512"])
+    assert [g["tokens_per_block"] for g in d["groups"]] == [16] * 5 + [32]
+    assert d["knob"]["blocks_per_chunk"] == 16
+    assert [g["tokens_per_chunk"] for g in d["groups"]] == [256] * 5 + [512]
 
 
 _JUNK = st.one_of(

@@ -6,7 +6,7 @@ on each stored fixture geometry, either runs exactly what
 :func:`reference.knobs.resolve_extra_config` resolves or raises a
 ``ValueError`` naming the knob (or the malformed key); nothing else -- no
 ``AssertionError``, ``TypeError``, or message that names no key.  The
-reference alone is fuzzed on the geometry vLLM 0.33.0 refuses (a group smaller
+reference alone is fuzzed on the geometry vLLM refuses (0.33.0 and 0.34.0: a group smaller
 than the hash unit), and ``python -m vllm_adapter config`` on the real-model
 fixtures (exit 0 with the reference's resolution, or exit 2 and one line).
 

@@ -270,7 +270,7 @@ def test_hash_rule_vllm_would_assert_is_a_value_error(extra: dict[str, Any]) -> 
     """FA16 + non-align Mamba64: vLLM hashes at lcm=64 and asserts 16 % 64.
 
     The reference accepts 4 blocks per chunk (64-token full chunks end on a hash
-    boundary); vLLM 0.33.0 cannot run it, so the connector says which group.
+    boundary); vLLM (0.33.0 and 0.34.0) cannot run it, so the connector says which group.
     """
     kv = kv_config(fa(16), mamba(64, "all"))
     vc = engine_config(kv, extra)
@@ -396,7 +396,15 @@ _MIXED_VC = engine_config(_MIXED_KV)
 # Real-model fixtures (gemma-4, DeepSeek-V4), when vllm_adapter.fixtures provides them
 # ---------------------------------------------------------------------------
 
-REAL = [("gemma-4-31B-it-tp2", 16), ("deepseek-v4-flash-tp4", 2)]
+# Blocks per chunk for block_size 512.  The gemma-4 fixture is planned without --block-size,
+# so its blocks are vLLM's CacheConfig.DEFAULT_BLOCK_SIZE (sliding) and twice that (full):
+# vLLM 0.34.0 raised the default from 16 to 64, so the 512-token full chunk is 16 blocks of
+# 32 tokens on 0.33.0 and 4 blocks of 128 on 0.34.0.  DeepSeek-V4 sets --block-size 256.
+GEMMA_512_BY_DEFAULT_BLOCK = {16: 16, 64: 4}
+REAL = [
+    ("gemma-4-31B-it-tp2", GEMMA_512_BY_DEFAULT_BLOCK[V.CacheConfig.DEFAULT_BLOCK_SIZE]),
+    ("deepseek-v4-flash-tp4", 2),
+]
 
 
 def _load_real(name: str) -> tuple[Any, Any]:

@@ -1,5 +1,8 @@
-"""KV-cache geometry fixtures: stored JSON == what vLLM 0.33.0 derives now, rebuilt objects
-are real and equal, the headline facts hold, and a real Scheduler builds from each fixture.
+"""KV-cache geometry fixtures: stored JSON == what the installed vLLM derives now, rebuilt
+objects are real and equal, the headline facts hold, and a real Scheduler builds from each
+fixture.  Fixtures are stored per vLLM release (``vllm_adapter/fixtures/<version>/``); the
+tests under "(e)" read every stored release's JSON (no second vLLM needed) and pin down
+what is identical across releases and what differs.
 
 Expectations in ``test_headline_*`` are the facts of
 ``shared/design/model-geometry-vllm-0.33.md``; the values they are compared with are
@@ -106,17 +109,26 @@ def test_rebuilt_scheduler_view_is_vllms_flattening_of_worker_view(name: str) ->
 # --- (c) headline facts of the geometry notes, from vLLM on rebuilt objects ------------
 
 
+# Gemma-4 TP2 is planned without --block-size, so its blocks follow vLLM's
+# CacheConfig.DEFAULT_BLOCK_SIZE (FlashAttention keeps the default, see
+# Platform.update_block_size_for_backend).  vLLM 0.34.0 raised that default from 16 to
+# 64: sliding groups 16 -> 64 tokens/block, the full group 32 -> 128, pages 128 -> 512 KiB.
+# DEFAULT_BLOCK_SIZE -> (sliding tokens/block, full tokens/block, page bytes).
+GEMMA_BY_DEFAULT_BLOCK = {16: (16, 32, 131072), 64: (64, 128, 524288)}
+
+
 def test_headline_gemma() -> None:
     fixture = F.load_fixture("gemma-4-31B-it-tp2")
     vllm_config = F.make_vllm_config(fixture, {"blocks_per_chunk": 1})
+    sliding, full, page = GEMMA_BY_DEFAULT_BLOCK[V.CacheConfig.DEFAULT_BLOCK_SIZE]
     for view in ("scheduler", "worker"):
         kv = F.rebuild_kv_cache_config(fixture, view)
         specs = [g.kv_cache_spec for g in kv.kv_cache_groups]
         assert [type(s).__name__ for s in specs] == ["SlidingWindowSpec"] * 5 + [
             "FullAttentionSpec"
         ]
-        assert _group_tokens_per_block(kv, vllm_config) == [16, 16, 16, 16, 16, 32]
-        assert {s.page_size_bytes for s in specs} == {131072}
+        assert _group_tokens_per_block(kv, vllm_config) == [sliding] * 5 + [full]
+        assert {s.page_size_bytes for s in specs} == {page}
         assert [s.sliding_window for s in specs[:5]] == [1024] * 5
         assert [len(g.layer_names) for g in kv.kv_cache_groups] == [10] * 6
         # group i = layers 6k+i
@@ -127,13 +139,13 @@ def test_headline_gemma() -> None:
             specs[5].num_kv_heads,
             specs[5].head_size,
         ) == (8, 256, 2, 512)
-        assert V.resolve_kv_cache_block_sizes(kv, vllm_config) == (32, 16)
+        assert V.resolve_kv_cache_block_sizes(kv, vllm_config) == (full, sliding)
         assert kv.kv_tp_replicas == 1
         assert kv.kv_cache_layout == "LBHNC"
-        assert kv.num_blocks == 40 * (1 << 30) // (10 * 131072) == 32768
+        assert kv.num_blocks == 40 * (1 << 30) // (10 * page)  # 32768 / 8192
     kv = F.rebuild_kv_cache_config(fixture)
-    assert V.resolve_cache_hit_alignment_tokens(kv, vllm_config, 32, 16) == 32
-    assert vllm_config.cache_config.block_size == 16
+    assert V.resolve_cache_hit_alignment_tokens(kv, vllm_config, full, sliding) == full
+    assert vllm_config.cache_config.block_size == sliding
 
 
 def test_headline_deepseek_v4() -> None:
@@ -242,11 +254,11 @@ def test_stock_scheduler_rejects_sub_hash_unit() -> None:
 
 @pytest.mark.parametrize("name", [*MODELS, "synthetic-full-swa", "synthetic-eagle"])
 def test_stock_connector_block_size_asserts_on_mixed_block_sizes(name: str) -> None:
-    """Upstream 0.33.0 behaviour that kvchunk replaces.
+    """Upstream behaviour that kvchunk replaces, unchanged in 0.33.0 and 0.34.0.
 
     ``build_offloading_config`` asserts ``len(unique_tokens_per_block) == 1`` whenever
-    ``kv_connector_extra_config["block_size"]`` is set: Gemma-4 has {16, 32},
-    DeepSeek-V4 {64, 256, 4, 8} tokens per block.
+    ``kv_connector_extra_config["block_size"]`` is set: Gemma-4 has {16, 32} (0.34.0:
+    {64, 128}), DeepSeek-V4 {64, 256, 4, 8} tokens per block.
     """
     with pytest.raises(AssertionError, match="all groups must have the same block size"):
         F.build_scheduler(F.load_fixture(name), {"block_size": 512})
@@ -265,3 +277,106 @@ def test_cpu_platform_patch_is_scoped() -> None:
     with F.cpu_platform_patches():
         assert V.current_platform.support_hybrid_kv_cache()
     assert V.current_platform.support_hybrid_kv_cache() == before
+
+
+# --- (e) fixtures per vLLM release ---------------------------------------------------------
+
+
+def test_fixtures_are_read_from_the_installed_releases_directory() -> None:
+    assert F.fixtures_dir() == F.FIXTURES_ROOT / V.VLLM_VERSION
+    assert F.fixture_path("synthetic-full-swa").parent == F.fixtures_dir()
+    assert F.load_fixture("synthetic-full-swa")["vllm_version"] == V.VLLM_VERSION
+
+
+def test_a_release_without_fixtures_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(V, "VLLM_VERSION", "0.0.1")
+    for call in (F.fixture_names, lambda: F.load_fixture("synthetic-full-swa")):
+        with pytest.raises(F.MissingFixturesError, match=r"vLLM 0\.0\.1") as err:
+            call()
+        assert "python -m vllm_adapter.fixtures regenerate" in str(err.value)
+
+
+VERSIONS = F.stored_versions()
+# What may differ between two stored releases besides the geometry itself:
+# descriptive text, and fields a release added to vLLM's dataclasses.
+DESCRIPTIVE = {"vllm_version", "provenance[*]"}
+ADDED_FIELDS = {
+    # 0.34.0: AttentionSpec.kv_head_major_slots (default False),
+    # SlidingWindowMLASpec.non_causal_multi_token_decode (default False),
+    # MambaSpec.state_alignment (default 1), and KVCacheConfig.needs_kv_cache_zeroing
+    # (0.33.0 computed it as a property; 0.34.0 stores it, settled across workers).
+    ("0.33.0", "0.34.0"): {
+        "kv_head_major_slots": False,
+        "non_causal_multi_token_decode": False,
+        "state_alignment": 1,
+        "needs_kv_cache_zeroing": None,  # any value: not a new knob, a stored property
+    },
+}
+# Fixtures whose engine config takes vLLM's default cache block size (no --block-size):
+# their blocks scale with it.  0.34.0 raised CacheConfig.DEFAULT_BLOCK_SIZE 16 -> 64.
+BLOCK_SCALE = {("0.33.0", "0.34.0"): {"gemma-4-31B-it-tp2": 4}}
+SCALED_BY_BLOCK = {
+    "block_size", "tokens_per_block", "page_size_bytes", "scheduler_bytes_per_block",
+    "worker_bytes_per_block", "block_stride", "hash_block_size", "tokens_per_hash",
+    "scheduler_block_size", "cache_hit_alignment_tokens", "cache_config_block_size",
+    "cache_config_block_size_after_backend", "cache_config_block_size_initial",
+}  # fmt: skip
+
+
+def _leaf_diffs(a: object, b: object, path: str = "") -> list[tuple[str, object, object]]:
+    """``(path, old, new)`` per differing JSON leaf; list indices as ``[*]``; absent = ``...``."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in [*a, *(k for k in b if k not in a)]:
+            sub = f"{path}.{key}" if path else key
+            out += _leaf_diffs(a.get(key, ...), b.get(key, ...), sub)
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for x, y in zip(a, b, strict=True) for d in _leaf_diffs(x, y, f"{path}[*]")]
+    return [] if a == b else [(path, a, b)]
+
+
+def test_every_release_stores_every_recipe() -> None:
+    assert VERSIONS[:2] == ["0.33.0", "0.34.0"]
+    for version in VERSIONS:
+        assert F.fixture_names(version) == ALL, version
+
+
+@pytest.mark.parametrize("old,new", list(zip(VERSIONS, VERSIONS[1:], strict=False)))
+@pytest.mark.parametrize("name", ALL)
+def test_geometry_across_stored_releases(name: str, old: str, new: str) -> None:
+    """Between two stored releases, a fixture differs only in:
+
+    * descriptive text (``vllm_version``, ``provenance``);
+    * fields the newer release added to vLLM's dataclasses, at their neutral defaults
+      (:data:`ADDED_FIELDS`);
+    * for fixtures on vLLM's default cache block size, the block-size scale
+      (:data:`BLOCK_SCALE`): tokens per block, page and block bytes, strides, hash and
+      alignment tokens times the scale, ``num_blocks`` divided by it.
+
+    Everything else is identical: the groups and their order, layer names, spec classes,
+    kinds, sliding windows, tokens per state, prefix-cacheability, EAGLE flags, offloaded
+    group ids, cache dtype, KV-cache layout, TP replicas, the rejected geometry's error.
+    """
+    if (old, new) not in ADDED_FIELDS:
+        pytest.fail(f"document what differs between the stored fixtures of {old} and {new}")
+    a, b = F.load_fixture(name, old), F.load_fixture(name, new)
+    assert (a["vllm_version"], b["vllm_version"]) == (old, new)
+    added = ADDED_FIELDS[(old, new)]
+    scale = BLOCK_SCALE[(old, new)].get(name, 1)
+    initial = "cache_config_block_size_initial"
+    assert b["resolved"][initial] == a["resolved"][initial] * scale
+    unexplained = []
+    for path, x, y in _leaf_diffs(a, b):
+        field = path.rsplit(".", 1)[-1]
+        if path in DESCRIPTIVE:
+            continue
+        if x is ... and field in added:
+            assert added[field] is None or y == added[field], (path, y)
+            continue
+        if field in SCALED_BY_BLOCK and isinstance(x, int) and y == x * scale != x:
+            continue
+        if field == "num_blocks" and isinstance(y, int) and y * scale == x != y:
+            continue
+        unexplained.append((path, x, y))
+    assert unexplained == [], f"{name}: {old} -> {new} differs beyond the documented changes"

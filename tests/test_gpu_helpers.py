@@ -202,6 +202,34 @@ def test_job_specs_are_vllm_specs() -> None:
     assert isinstance(src, V.GPULoadStoreSpec) and isinstance(dst, V.CPULoadStoreSpec)
 
 
+def test_job_specs_with_kv_caches_are_what_the_connector_worker_passes() -> None:
+    """With the workers' canonical tensors, the GPU side is vLLM's worker argument.
+
+    0.33.0: the ``GPULoadStoreSpec``; 0.34.0: ``DevicePointers`` resolved over the
+    tensors, which decode back to the job's blocks.
+    """
+    from vllm_adapter import vllm_api as V
+
+    buf = torch.zeros(16 * 96, dtype=torch.int8)
+    kv = V.CanonicalKVCaches(
+        tensors=[V.CanonicalKVCacheTensor(tensor=buf.view(16, 96), page_size_bytes=96)],
+        group_data_refs=[[V.CanonicalKVCacheRef(0, 80)], [V.CanonicalKVCacheRef(0, 96)]],
+    )
+    job = G.Job("load", (4, 5, 6), (1, 2), (3, 8), (9, 2, 3))
+    src, dst = job.specs(kv)
+    assert isinstance(src, V.CPULoadStoreSpec)
+    want = V.DevicePointers if V.WORKER_TAKES_DEVICE_POINTERS else V.GPULoadStoreSpec
+    assert isinstance(dst, want)
+    got = V.gpu_blocks(dst, kv)
+    assert (got.block_ids.tolist(), got.group_sizes, got.block_indices) == (
+        [4, 5, 6],
+        (1, 2),
+        (3, 8),
+    )
+    gpu, _ = dataclass_replace_kind(job, "store").specs(kv)
+    assert isinstance(gpu, want)
+
+
 def dataclass_replace_kind(job: G.Job, kind: str) -> G.Job:
     import dataclasses
 
@@ -245,8 +273,19 @@ def test_layout_formula_is_cpu_offloading_spec_arithmetic(geometry: tuple[Any, .
         assert G.VllmCpuLayout.for_spec(spec, pages) == want
         assert want.row_stride % 4096 == 0
     if kvchunk:
-        # kvchunk's block_size 512: gemma 16 blocks per chunk, DeepSeek-V4 2.
-        assert spec.blocks_per_chunk == {"gemma-4-31B-it-tp2": 16, "deepseek-v4-flash-tp4": 2}[name]
+        from vllm_adapter.fixtures import load_fixture
+
+        # kvchunk's block_size 512, by the fixture's scheduler block (tokens): gemma 16 blocks
+        # per chunk with vLLM 0.33.0's 32-token blocks, 4 with 0.34.0's 128-token ones (0.34.0
+        # plans gemma-4 with 64-token kernel blocks, 0.33.0 with 16); DeepSeek-V4 2 (256).
+        block = int(load_fixture(name)["resolved"]["scheduler_block_size"])
+        want_b = {
+            ("gemma-4-31B-it-tp2", 32): 16,
+            ("gemma-4-31B-it-tp2", 128): 4,
+            ("deepseek-v4-flash-tp4", 256): 2,
+        }
+        assert (name, block) in want_b, f"no expected blocks_per_chunk for {name} at {block}"
+        assert spec.blocks_per_chunk == want_b[name, block]
 
 
 def test_layout_rejects_areas_past_the_worker_slot() -> None:

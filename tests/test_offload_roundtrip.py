@@ -17,9 +17,15 @@ byte for byte, at the same (group, position).
 
 Expected numbers (docs/semantics.md, worked examples): the reload hit is 4608
 tokens (the last 512-token boundary below 5000); gemma-4 loads chunks 0-8 of the
-full group (144 blocks) and chunks 14-17 of each sliding-window group (64
-blocks each); DeepSeek-V4 loads 18 blocks of the MLA group, 2 of each 64-token
-and 4-token sliding group (one chunk each) and 16 of the 8-token one (8 chunks).
+full group and chunks 14-17 of each sliding-window group (144 and 64 blocks
+each with vLLM 0.33.0's 16-token blocks); DeepSeek-V4 loads 18 blocks of the MLA
+group, 2 of each 64-token and 4-token sliding group (one chunk each) and 16 of
+the 8-token one (8 chunks).
+
+The block counts follow the stored fixture's geometry (its resolved scheduler
+block size, see :class:`Geometry`): vLLM 0.34.0 plans gemma-4 with 64-token
+blocks (0.33.0: 16), so ``block_size: 512`` gives B=4 instead of 16 and the same
+chunks hold a quarter of the blocks.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import torch  # noqa: E402
 
 from conformance.kvdata import SyntheticModelRunner, fixture_driver  # noqa: E402
 from conformance.trace import RequestSpec  # noqa: E402
+from vllm_adapter.fixtures import load_fixture  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -48,30 +55,63 @@ BUDGET = 512  # chunked prefill keeps the sliding-window groups' GPU footprint s
 
 
 @dataclass(frozen=True)
-class Case:
-    fixture: str
+class Geometry:
+    """The expected numbers for one stored geometry of a fixture."""
+
     blocks_per_chunk: int
     loaded_blocks: dict[int, int]
     num_gpu_blocks: int
+
+
+@dataclass(frozen=True)
+class Case:
+    fixture: str
+    geometries: dict[int, Geometry]
+    """By the fixture's resolved scheduler block size (tokens)."""
     num_cpu_chunks: int
 
     def __str__(self) -> str:
         return self.fixture
 
+    def geometry(self) -> Geometry:
+        block = int(load_fixture(self.fixture)["resolved"]["scheduler_block_size"])
+        if block not in self.geometries:
+            pytest.fail(
+                f"{self.fixture}: no expected numbers for a {block}-token scheduler block "
+                f"(known: {sorted(self.geometries)}); work them out as docs/semantics.md does"
+            )
+        return self.geometries[block]
+
 
 CASES = [
     Case(
         "gemma-4-31B-it-tp2",
-        16,
-        {0: 64, 1: 64, 2: 64, 3: 64, 4: 64, 5: 144},
-        num_gpu_blocks=672,  # 1.25 MiB blocks; the prefill peaks near 650
+        {
+            # vLLM 0.33.0: 16-token sliding-window blocks, 32-token full-attention blocks.
+            32: Geometry(
+                16,
+                {0: 64, 1: 64, 2: 64, 3: 64, 4: 64, 5: 144},
+                num_gpu_blocks=672,  # 1.25 MiB blocks; the prefill peaks near 650
+            ),
+            # vLLM 0.34.0 raised gemma-4's block size to 64 tokens (128 for the full
+            # group): B=4, the same chunks (256 / 512 tokens) of a quarter the blocks.
+            128: Geometry(
+                4,
+                {0: 16, 1: 16, 2: 16, 3: 16, 4: 16, 5: 36},
+                num_gpu_blocks=168,  # 5 MiB blocks: the same bytes as 672 above
+            ),
+        },
         num_cpu_chunks=48,  # 29 chunks stored, 20 MiB slots
     ),
     Case(
         "deepseek-v4-flash-tp4",
-        2,
-        {0: 2, 1: 2, 2: 18, 3: 2, 4: 16},
-        num_gpu_blocks=512,  # 1002240-byte packed blocks
+        {
+            256: Geometry(
+                2,
+                {0: 2, 1: 2, 2: 18, 3: 2, 4: 16},
+                num_gpu_blocks=512,  # 1002240-byte packed blocks
+            ),
+        },
         num_cpu_chunks=64,  # 20 chunks stored
     ),
 ]
@@ -89,12 +129,17 @@ class ByteLedger:
     never_stored: list[tuple[int, int]] = field(default_factory=list)
 
 
-def _group_blocks(runner: SyntheticModelRunner, gpu_spec: Any) -> list[tuple[int, list[int]]]:
-    """``(group id, block ids)`` per offloaded group of a ``GPULoadStoreSpec`` (group-major)."""
+def _group_blocks(runner: SyntheticModelRunner, worker: Any, gpu_side: Any) -> list[tuple[int, list[int]]]:
+    """``(group id, block ids)`` per offloaded group of a job's GPU side (group-major).
+
+    ``gpu_side`` is what the worker's ``submit_*`` got (a ``GPULoadStoreSpec``
+    on vLLM 0.33.0, ``DevicePointers`` on 0.34.0), decoded by the worker.
+    """
+    gpu = worker.gpu_blocks(gpu_side)
     out = []
     cursor = 0
-    ids = [int(b) for b in gpu_spec.block_ids]
-    for pos, n in enumerate(gpu_spec.group_sizes):
+    ids = [int(b) for b in gpu.block_ids]
+    for pos, n in enumerate(gpu.group_sizes):
         n = int(n)
         if n:
             out.append((runner.offloaded_group_ids[pos], ids[cursor : cursor + n]))
@@ -136,7 +181,12 @@ def _install_ledger(session: Any, runner: SyntheticModelRunner) -> ByteLedger:
 
     def submit_store(job_id: int, src_spec: Any, dst_spec: Any) -> bool:
         req_id = _job_req_id(session, job_id, "store")
-        for gid, block_ids in _group_blocks(runner, src_spec):
+        for gid, job_block_ids in _group_blocks(runner, worker, src_spec):
+            # vLLM 0.34.0 keeps null blocks (id 0) inside a stored chunk as placeholders
+            # (0.33.0 left them out): they hold nothing of the request, so nothing to record.
+            block_ids = [b for b in job_block_ids if b != 0]
+            if not block_ids:
+                continue
             positions = _positions(session, req_id, gid, block_ids)
             rows = _rows(runner, gid, block_ids)
             for k, position in enumerate(positions):  # rows are copies: views suffice
@@ -147,7 +197,7 @@ def _install_ledger(session: Any, runner: SyntheticModelRunner) -> ByteLedger:
     def submit_load(job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False) -> bool:
         ok = bool(real_load(job_id, src_spec, dst_spec, expedited))
         req_id = _job_req_id(session, job_id, "load")
-        for gid, block_ids in _group_blocks(runner, dst_spec):
+        for gid, block_ids in _group_blocks(runner, worker, dst_spec):
             positions = _positions(session, req_id, gid, block_ids)
             rows = _rows(runner, gid, block_ids)
             ledger.loaded_blocks[gid] = ledger.loaded_blocks.get(gid, 0) + len(block_ids)
@@ -190,10 +240,11 @@ def test_5000_token_prompt_round_trips_through_the_reference_worker(
     case: Case, record_property: Any
 ) -> None:
     start = time.perf_counter()
+    geo = case.geometry()
     driver = fixture_driver(
         case.fixture,
         {"block_size": 512},
-        num_gpu_blocks=case.num_gpu_blocks,
+        num_gpu_blocks=geo.num_gpu_blocks,
         num_cpu_chunks=case.num_cpu_chunks,
         connector=KVCHUNK,
         connector_module_path=KVCHUNK_MODULE,
@@ -204,12 +255,12 @@ def test_5000_token_prompt_round_trips_through_the_reference_worker(
     # The Scheduler built with the kvchunk connector; block_size 512 became one B.
     connector = session.scheduler.connector
     assert type(connector).__name__ == KVCHUNK
-    assert connector.kvchunk_extra_config["blocks_per_chunk"] == case.blocks_per_chunk
+    assert connector.kvchunk_extra_config["blocks_per_chunk"] == geo.blocks_per_chunk
     assert "block_size" not in connector.kvchunk_extra_config
-    assert session.connector_scheduler.config.blocks_per_chunk == case.blocks_per_chunk
+    assert session.connector_scheduler.config.blocks_per_chunk == geo.blocks_per_chunk
     worker = session.worker_connector.connector_worker.worker
     assert type(worker).__name__ == "ReferenceOffloadingWorker"
-    assert set(worker.layout.blocks_per_chunk) == {case.blocks_per_chunk}
+    assert set(worker.layout.blocks_per_chunk) == {geo.blocks_per_chunk}
 
     ledger = _install_ledger(session, runner)
     hits = _record_hits(session)
@@ -233,7 +284,7 @@ def test_5000_token_prompt_round_trips_through_the_reference_worker(
     hit_tokens = int(load_hits[-1][0])
     stats = runner.stats
     summary = (
-        f"{case.fixture} block_size=512 -> B={case.blocks_per_chunk}: prompt {PROMPT_TOKENS}, "
+        f"{case.fixture} block_size=512 -> B={geo.blocks_per_chunk}: prompt {PROMPT_TOKENS}, "
         f"reload hit {hit_tokens} tokens; stored blocks per group "
         f"{dict(sorted(ledger.stored_blocks.items()))}; loaded blocks per group "
         f"{dict(sorted(ledger.loaded_blocks.items()))}; {ledger.bytes_compared} bytes compared "
@@ -246,14 +297,14 @@ def test_5000_token_prompt_round_trips_through_the_reference_worker(
 
     assert hit_tokens == HIT_TOKENS, summary
     assert stats.load_jobs == 1, summary
-    assert ledger.loaded_blocks == case.loaded_blocks, summary
-    assert dict(stats.checked_per_group) == case.loaded_blocks, summary
+    assert ledger.loaded_blocks == geo.loaded_blocks, summary
+    assert dict(stats.checked_per_group) == geo.loaded_blocks, summary
     assert not ledger.never_stored, f"loaded blocks never stored: {ledger.never_stored[:5]}"
     assert not ledger.mismatches, f"{ledger.mismatches[:5]}; {summary}"
     page_bytes = {
-        gid: sum(layer.nbytes for layer in runner.group_layers[gid]) for gid in case.loaded_blocks
+        gid: sum(layer.nbytes for layer in runner.group_layers[gid]) for gid in geo.loaded_blocks
     }
-    expected_bytes = sum(n * page_bytes[gid] for gid, n in case.loaded_blocks.items())
+    expected_bytes = sum(n * page_bytes[gid] for gid, n in geo.loaded_blocks.items())
     assert ledger.bytes_compared == expected_bytes, summary
     assert stats.corrupted_loads == 0, summary
     assert stats.foreign_bytes_changed == 0, summary

@@ -1,9 +1,12 @@
 """vllm_adapter.spec: ReferenceOffloadingSpec's sizing and its worker's mapping.
 
-The worker's copies are checked against vLLM 0.33.0's own direct-layout
+The worker's copies are checked against the installed vLLM's own direct-layout
 descriptors (``SingleDirectionOffloadingHandler._fill_direct_ops`` /
-``compute_sub_block_ptrs``), executed byte by byte with ``memmove`` on CPU
-tensors: the same pointers vLLM's CUDA worker would hand to ``swap_blocks``.
+``compute_sub_block_ptrs``, run by :class:`conformance.gpu.EmulatedVllmWorker`),
+executed byte by byte with ``memmove`` on CPU tensors: the same pointers vLLM's
+CUDA worker would hand to ``swap_blocks``.  Both workers get the GPU side of a
+job as vLLM's connector worker passes it (``vllm_api.worker_gpu_arg``): the
+``GPULoadStoreSpec`` on 0.33.0, ``DevicePointers`` on 0.34.0.
 """
 
 from __future__ import annotations
@@ -18,10 +21,10 @@ import torch
 
 pytest.importorskip("vllm")
 
+from conformance import gpu as G  # noqa: E402
 from conformance import kvdata  # noqa: E402
 from conformance import vllm_driver as D  # noqa: E402
 from conformance.trace import RequestSpec  # noqa: E402
-from reference.mathutil import cdiv  # noqa: E402
 from reference.transfer import TensorRef  # noqa: E402
 from vllm_adapter import spec as S  # noqa: E402
 from vllm_adapter import vllm_api as V  # noqa: E402
@@ -105,54 +108,23 @@ def _vllm_direct_copy(
     cpu_ids: list[int],
     store: bool,
 ) -> None:
-    """vLLM's ``transfer_async`` descriptor loop + ``_fill_direct_ops``, executed with memmove."""
+    """vLLM's ``transfer_async`` descriptor loop + ``_fill_direct_ops``, executed with memmove.
+
+    The job's GPU side reaches vLLM's code as the connector worker passes it
+    (pointers resolved over ``kv`` on 0.34.0).
+    """
     layout = S.transfer_layout(kv, bpc)
-    gpu = [t.tensor for t in kv.tensors]
     cpu = [
         pool[:, layout.region_offset(0, t) : layout.region_offset(0, t) + p * bpc]
         for t, p in enumerate(layout.page_bytes)
     ]
-    handler = object.__new__(V.SingleDirectionOffloadingHandler)
-    handler.src_tensors = gpu if store else cpu
-    handler.dst_tensors = cpu if store else gpu
-    handler.gpu_to_cpu = store
-    handler.layer_refs_per_group = kv.group_data_refs
-    handler.src_blocks_per_chunk = 1 if store else bpc
-    handler.dst_blocks_per_chunk = bpc if store else 1
-    handler._canonical_copy_plans = None
-    src_blocks = gpu_spec.block_ids if store else np.array(cpu_ids, dtype=np.int32)
-    dst_blocks = np.array(cpu_ids, dtype=np.int32) if store else gpu_spec.block_ids
-    n_ops = handler._estimate_max_copy_ops(gpu_spec.group_sizes)
-    all_src = np.zeros(n_ops, dtype=np.int64)
-    all_dst = np.zeros(n_ops, dtype=np.int64)
-    all_sizes = np.zeros(n_ops, dtype=np.int64)
-    src_off = dst_off = op = 0
-    for g, (size, first) in enumerate(
-        zip(gpu_spec.group_sizes, gpu_spec.block_indices, strict=True)
-    ):
-        if size == 0:
-            continue
-        src_skip = first % handler.src_blocks_per_chunk
-        dst_skip = first % handler.dst_blocks_per_chunk
-        src_n = cdiv(size + src_skip, handler.src_blocks_per_chunk)
-        dst_n = cdiv(size + dst_skip, handler.dst_blocks_per_chunk)
-        op, _ = handler._fill_direct_ops(
-            g,
-            group_src=src_blocks[src_off : src_off + src_n],
-            group_dst=dst_blocks[dst_off : dst_off + dst_n],
-            group_size=size,
-            src_skip_count=src_skip,
-            dst_skip_count=dst_skip,
-            all_src=all_src,
-            all_dst=all_dst,
-            all_sizes=all_sizes,
-            op_idx=op,
-        )
-        src_off += src_n
-        dst_off += dst_n
-    assert (src_off, dst_off) == (len(src_blocks), len(dst_blocks))
-    for s, d, n in zip(all_src[:op], all_dst[:op], all_sizes[:op], strict=True):
-        ctypes.memmove(int(d), int(s), int(n))
+    oracle = G.EmulatedVllmWorker(kv, bpc, cpu)
+    gpu_arg, cpu_spec = V.worker_gpu_arg(gpu_spec, kv), V.CPULoadStoreSpec(cpu_ids)
+    if store:
+        assert oracle.submit_store(0, gpu_arg, cpu_spec)
+    else:
+        assert oracle.submit_load(0, cpu_spec, gpu_arg)
+    assert [r.job_id for r in oracle.get_finished()] == [0]
 
 
 JOBS = [
@@ -179,7 +151,7 @@ def test_worker_copies_what_vllm_direct_layout_copies(
     gpu_spec = V.GPULoadStoreSpec(ids, group_sizes=sizes, block_indices=firsts)
     cpu_spec = V.CPULoadStoreSpec(chunks)
 
-    assert worker.submit_store(7, gpu_spec, cpu_spec)
+    assert worker.submit_store(7, V.worker_gpu_arg(gpu_spec, kv), cpu_spec)
     _vllm_direct_copy(oracle_kv, oracle_pool, bpc, gpu_spec, chunks, store=True)
     assert torch.equal(worker.pool, oracle_pool)
     assert not torch.equal(worker.pool, untouched)
@@ -192,7 +164,7 @@ def test_worker_copies_what_vllm_direct_layout_copies(
     load_spec = V.GPULoadStoreSpec(
         [num_blocks - 1 - b for b in ids], group_sizes=sizes, block_indices=firsts
     )
-    assert worker.submit_load(8, cpu_spec, load_spec)
+    assert worker.submit_load(8, cpu_spec, V.worker_gpu_arg(load_spec, kv))
     _vllm_direct_copy(oracle_kv, oracle_pool, bpc, load_spec, chunks, store=False)
     assert torch.equal(buf, oracle_buf)
     assert not torch.equal(buf, fresh)
@@ -210,12 +182,118 @@ def test_worker_rejects_bad_jobs_before_copying() -> None:
     kv, buf = _canonical(10, PAGES, STRIDES, REFS)
     worker = S.ReferenceOffloadingWorker(kv, 2, 4)
     before = buf.clone()
-    spec = V.GPULoadStoreSpec([1, 2, 3], group_sizes=[3, 0, 0], block_indices=[0, 0, 0])
+    spec = V.worker_gpu_arg(
+        V.GPULoadStoreSpec([1, 2, 3], group_sizes=[3, 0, 0], block_indices=[0, 0, 0]), kv
+    )
     with pytest.raises(ValueError, match="slot id"):
         worker.submit_load(1, V.CPULoadStoreSpec([0, 9]), spec)  # chunk 9 of 4
     with pytest.raises(ValueError, match="slot ids"):
         worker.submit_load(1, V.CPULoadStoreSpec([0]), spec)  # 3 blocks need 2 chunks
     assert torch.equal(buf, before) and worker.get_finished() == []
+
+
+# A 0.34.0 store job of a windowed group: null blocks (id 0) stay in their chunks as
+# placeholders, several per job (the heads of its first and second chunks).
+NULL_JOB = (4, [0, 0, 5, 6, 0, 7, 11, 12, 9, 10], [10, 0, 0], [4, 0, 0], [2, 6, 1])
+
+
+def _device_pointers_or_skip() -> None:
+    if not V.WORKER_TAKES_DEVICE_POINTERS:
+        pytest.skip(
+            "vLLM 0.33.0 passes workers the GPULoadStoreSpec: it has no DevicePointers "
+            "and no resolve_device_pointers to invert"
+        )
+
+
+@pytest.mark.parametrize(
+    ("bpc", "ids", "sizes", "firsts", "chunks"), [*JOBS, NULL_JOB], ids=str
+)
+def test_gpu_blocks_inverts_vllms_device_pointers(
+    bpc: int, ids: list[int], sizes: list[int], firsts: list[int], chunks: list[int]
+) -> None:
+    """``vllm_api.gpu_blocks`` gives back the job vLLM's ``resolve_device_pointers`` resolved.
+
+    Padded rows (stride 128 for a 96-byte page), two tensors, a group with two
+    refs and groups sharing a tensor; every ref of a group must name the same
+    blocks.
+    """
+    _device_pointers_or_skip()
+    kv, _ = _canonical(20, PAGES, STRIDES, REFS, seed=4)
+    spec = V.GPULoadStoreSpec(ids, group_sizes=sizes, block_indices=firsts)
+    ptrs = V.resolve_device_pointers(spec, kv)
+    assert isinstance(ptrs, V.DevicePointers)
+    got = V.gpu_blocks(ptrs, kv)
+    assert got.block_ids.dtype == np.int64
+    assert got.block_ids.tolist() == ids
+    assert got.group_sizes == tuple(sizes) and got.block_indices == tuple(firsts)
+    # The worker decodes the same job from the pointers as from the spec.
+    worker = S.ReferenceOffloadingWorker(kv, bpc, 8)
+    assert worker.gpu_blocks(ptrs).block_ids.tolist() == worker.gpu_blocks(spec).block_ids.tolist()
+    # g0 has two refs (tensors 0 and 1): a pointer of its second ref naming another block is caught.
+    if sizes[0]:
+        bad = V.DevicePointers(
+            ptrs=ptrs.ptrs.copy(),
+            sizes=ptrs.sizes,
+            group_block_counts=ptrs.group_block_counts,
+            group_data_ref_counts=ptrs.group_data_ref_counts,
+            block_indices=ptrs.block_indices,
+        )
+        bad.ptrs[sizes[0]] += np.uint64(STRIDES[1])  # g0, ref 1, first block: one row further
+        with pytest.raises(ValueError, match="different blocks"):
+            V.gpu_blocks(bad, kv)
+
+
+def test_gpu_blocks_takes_the_spec_itself() -> None:
+    """On either release a ``GPULoadStoreSpec`` decodes to itself (0.33.0's worker argument)."""
+    kv, _ = _canonical(20, PAGES, STRIDES, REFS)
+    bpc, ids, sizes, firsts, _chunks = JOBS[1]
+    got = V.gpu_blocks(V.GPULoadStoreSpec(ids, group_sizes=sizes, block_indices=firsts), kv)
+    assert (got.block_ids.tolist(), got.group_sizes, got.block_indices) == (
+        ids,
+        tuple(sizes),
+        tuple(firsts),
+    )
+    with pytest.raises(TypeError, match="GPULoadStoreSpec"):
+        V.gpu_blocks(V.CPULoadStoreSpec([1]), kv)
+    arg = V.worker_gpu_arg(V.GPULoadStoreSpec(ids, group_sizes=sizes, block_indices=firsts), kv)
+    assert isinstance(arg, V.DevicePointers if V.WORKER_TAKES_DEVICE_POINTERS else V.GPULoadStoreSpec)
+
+
+def test_worker_copies_null_placeholders_where_vllm_does() -> None:
+    """A store job listing the null block several times (0.34.0's placeholders) lands like vLLM's.
+
+    vLLM's worker copies block 0's page into every sub-slot that holds it, and
+    every real block keeps its sub-slot; the reference worker must write the
+    same bytes.  (The worker sees the job the same way on 0.33.0, whose
+    scheduler never builds it.)  A load naming block 0 twice is refused before
+    any write.
+    """
+    bpc, ids, sizes, firsts, chunks = NULL_JOB
+    num_blocks, num_chunks = 20, 8
+    kv, buf = _canonical(num_blocks, PAGES, STRIDES, REFS, seed=5)
+    oracle_kv, _ = _canonical(num_blocks, PAGES, STRIDES, REFS, seed=5)
+    worker = S.ReferenceOffloadingWorker(kv, bpc, num_chunks)
+    gen = torch.Generator().manual_seed(6)
+    worker.pool.copy_(torch.randint(0, 256, worker.pool.shape, generator=gen, dtype=torch.uint8))
+    oracle_pool = worker.pool.clone()
+    spec = V.GPULoadStoreSpec(ids, group_sizes=sizes, block_indices=firsts)
+    assert worker.submit_store(3, V.worker_gpu_arg(spec, kv), V.CPULoadStoreSpec(chunks))
+    _vllm_direct_copy(oracle_kv, oracle_pool, bpc, spec, chunks, store=True)
+    assert torch.equal(worker.pool, oracle_pool)
+    # Block 0's page really went into its sub-slots (e.g. chunk 2, sub-slots 0 and 1 of tensor 0).
+    views = S.canonical_gpu_tensors(kv)
+    layout = worker.layout
+    for j in (0, 1):
+        at = layout.sub_slot_offset(0, 0, j)
+        assert torch.equal(worker.pool[2, at : at + 80], views[0][0, :80])
+    (result,) = worker.get_finished()
+    assert result.transfer_size == 10 * (80 + 64)  # placeholders count, as vLLM's worker counts them
+
+    before, pool_before = buf.clone(), worker.pool.clone()
+    with pytest.raises(ValueError, match="more than once"):
+        worker.submit_load(4, V.CPULoadStoreSpec(chunks), V.worker_gpu_arg(spec, kv))
+    assert torch.equal(buf, before) and torch.equal(worker.pool, pool_before)
+    assert worker.get_finished() == []
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -230,9 +308,9 @@ def test_worker_on_cuda_uses_pinned_pool_and_matches_cpu() -> None:
     assert gpu.pool.is_pinned() and not cpu.pool.is_pinned()
     spec = V.GPULoadStoreSpec(ids, group_sizes=sizes, block_indices=firsts)
     back = V.GPULoadStoreSpec([19 - b for b in ids], group_sizes=sizes, block_indices=firsts)
-    for w in (cpu, gpu):
-        w.submit_store(1, spec, V.CPULoadStoreSpec(chunks))
-        w.submit_load(2, V.CPULoadStoreSpec(chunks), back)
+    for w, kv in ((cpu, kv_cpu), (gpu, kv_gpu)):
+        w.submit_store(1, V.worker_gpu_arg(spec, kv), V.CPULoadStoreSpec(chunks))
+        w.submit_load(2, V.CPULoadStoreSpec(chunks), V.worker_gpu_arg(back, kv))
     torch.cuda.synchronize()
     assert torch.equal(cpu.pool, gpu.pool)
     assert torch.equal(buf_cpu, buf_gpu.cpu())

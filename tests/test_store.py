@@ -430,6 +430,18 @@ def test_matches_vllm_cpu_manager(num_slots: int, data: st.DataObject) -> None:
     def keys_where(pred: Any) -> list[bytes]:
         return [k for k in KEYS if pred(k)]
 
+    def vllm_touch(keys: list[bytes], req_context: ReqContext) -> None:
+        okeys = [OffloadKey(k) for k in keys]
+        if hasattr(vllm, "touch"):  # vLLM 0.33.0
+            vllm.touch(okeys, req_context)
+            return
+        # vLLM 0.34.0 removed OffloadingManager.touch (and CachePolicy.touch); the
+        # scheduler never called it.  The same re-ranking (walk the keys in reverse,
+        # each becoming most recent) is what remains of it: the LRU policy's
+        # on_request_finished for one key group without recorded positions, which
+        # the manager calls at request end with the request's keys.
+        vllm._policy.on_request_finished([okeys], set(), set(), req_context)
+
     # In-flight jobs, completed whole, as the scheduler does (plus stray completions).
     store_jobs: list[tuple[bytes, ...]] = []
     load_jobs: list[tuple[bytes, ...]] = []
@@ -482,7 +494,7 @@ def test_matches_vllm_cpu_manager(num_slots: int, data: st.DataObject) -> None:
             ref.complete_load(keys)
         elif op == "touch":
             keys = data.draw(st.lists(st.sampled_from(KEYS), max_size=5))
-            vllm.touch([OffloadKey(k) for k in keys], ctx())
+            vllm_touch(keys, ctx())
             ref.touch(keys)
         elif op == "reset":
             # the scheduler drops pre-reset jobs' completions

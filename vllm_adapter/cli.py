@@ -10,24 +10,29 @@
 
 What it does:
 
-1. **Geometry.**  vLLM 0.33.0's own KV-cache planning runs on CPU for the model
-   dir, TP size and cache flags (:func:`vllm_adapter.derive.derive_live` on a
-   recipe built from the arguments: the model's real KV-cache layers at that TP,
+1. **Geometry.**  The installed vLLM's (0.33.0 or 0.34.0) own KV-cache planning
+   runs on CPU for the model dir, TP size and cache flags
+   (:func:`vllm_adapter.derive.derive_live` on a recipe built from the
+   arguments: the model's real KV-cache layers at that TP,
    the GPU model runner's ``get_kv_cache_spec``, ``EngineCore._initialize_kv_caches``).
    Architectures it can plan on CPU: :data:`ARCHITECTURES`; any other is a
    one-line error.  ``--block-size-gpu``, ``--kv-cache-dtype``, ``--no-hybrid``
    (``--disable-hybrid-kv-cache-manager``), ``--prefix-match-unit``,
    ``--mamba-cache-mode`` and ``--max-model-len`` are vLLM's engine flags of the
    same meaning (``--block-size-gpu`` is vLLM's ``--block-size``; here
-   ``--block-size`` is kvchunk's chunk knob).  Prefix caching is on, as
-   offloading needs.
+   ``--block-size`` is kvchunk's chunk knob).  Without ``--block-size-gpu`` the
+   cache block size is vLLM's default for the model's attention backend, and
+   that default is per release (``CacheConfig.DEFAULT_BLOCK_SIZE``: 16 on
+   0.33.0, 64 on 0.34.0), so the same ``--block-size`` can resolve to a
+   different ``blocks_per_chunk`` (gemma-4-31B-it TP2, 512 tokens: 16 vs 4).
+   Prefix caching is on, as offloading needs.
 2. **Knob.**  The chunk knob is resolved exactly as the connector will resolve it
    at startup (:func:`vllm_adapter.connector.resolve_for_vllm`, i.e. the
-   reference's :mod:`reference.knobs` rules plus vLLM 0.33.0's one-B limit),
+   reference's :mod:`reference.knobs` rules plus vLLM's one-B limit),
    then vLLM's ``build_offloading_config`` runs on the result.
    ``--chunk-bytes X`` picks the **smallest** ``blocks_per_chunk`` whose chunk
    bytes per worker (below) reach ``X``: one B for every group, since vLLM
-   0.33.0 executes one.  Larger chunks mean fewer, bigger transfers and files
+   executes one.  Larger chunks mean fewer, bigger transfers and files
    (the disk-IOPS case); the smallest B meeting the target keeps the hit
    granularity as fine as the target allows.
 3. **Bytes.**  Per vLLM's CPU tier (``vllm/v1/kv_offload/cpu/spec.py``), every
@@ -523,6 +528,12 @@ def plan(request: Request, *, debug: bool = False) -> dict[str, Any]:
         return V.build_offloading_config(with_extra_config(vllm_config, vllm_extra), sched_cfg)
 
     notes: list[str] = []
+    if request.block_size_gpu is None:
+        notes.append(
+            f"no --block-size-gpu: planned with vLLM {V.VLLM_VERSION}'s default cache block size "
+            f"for this model ({derivation.fixture['resolved']['cache_config_block_size_after_backend']} "
+            "tokens); if the engine runs with --block-size N, pass --block-size-gpu N"
+        )
     if request.chunk_bytes is not None:
         _, base_extra = _resolve_or_fail(resolve, {BLOCKS_PER_CHUNK: 1}, "--chunk-bytes")
         bytes_per_block = int(offloading_config(base_extra).worker_kv_bytes_per_block)

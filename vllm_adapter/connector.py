@@ -1,4 +1,6 @@
-"""``KvchunkOffloadingConnector``: vLLM 0.33.0's OffloadingConnector with kvchunk's knobs.
+"""``KvchunkOffloadingConnector``: vLLM's OffloadingConnector with kvchunk's knobs.
+
+Supported: vLLM 0.33.0 and 0.34.0; every limit named below holds on both.
 
 vLLM's ``{"block_size": 512}`` dies with a bare ``AssertionError`` in
 ``build_offloading_config`` on models whose offloaded KV groups disagree on
@@ -8,11 +10,12 @@ tokens per block (gemma-4, DeepSeek-V4).  This connector reads the same
 
 * ``"block_size": T`` is the chunk span of the full-attention groups, so it
   works on mixed-block-size models (gemma-4-31B-it TP2: 512 -> 16 blocks per
-  chunk; DeepSeek-V4-Flash TP4: 512 -> 2);
+  chunk with vLLM 0.33.0's default 16-token cache blocks, 4 with 0.34.0's
+  default 64; DeepSeek-V4-Flash TP4 ``--block-size 256``: 512 -> 2);
 * ``"blocks_per_chunk": B`` is vLLM's own knob;
 * ``"blocks_per_chunk": {"<group index>": B, "default": B}`` is accepted when
-  every offloaded group ends up with the same B (vLLM 0.33.0's scheduler and
-  CPU tier execute one blocks-per-chunk value), rejected otherwise.
+  every offloaded group ends up with the same B (vLLM's scheduler and CPU
+  tier execute one blocks-per-chunk value), rejected otherwise.
 
 Every mistake is a ``ValueError`` naming the knob, the group and a valid
 value.  The resolved chunking is handed to vLLM as one global
@@ -186,7 +189,7 @@ def resolve_for_vllm(vllm_config: Any, kv_cache_config: Any) -> tuple[Chunking, 
         values = sorted({gc.blocks_per_chunk for gc in chunking.groups})
         raise ValueError(
             f"'{BLOCKS_PER_CHUNK}' gives the offloaded groups different blocks per chunk "
-            f"({listing}), but vLLM 0.33.0's offloading scheduler and CPU tier execute one "
+            f"({listing}), but vLLM {V.VLLM_VERSION}'s offloading scheduler and CPU tier execute one "
             f"blocks_per_chunk for every group. Use the global form, e.g. "
             f"{{\"{BLOCKS_PER_CHUNK}\": {values[0]}}} (or {values[-1]}), or give every group "
             f"the same value (e.g. {{\"{BLOCKS_PER_CHUNK}\": {{\"{DEFAULT_KEY}\": {values[0]}}}}})."
@@ -198,7 +201,7 @@ def resolve_for_vllm(vllm_config: Any, kv_cache_config: Any) -> tuple[Chunking, 
         if tpb % tph:
             raise ValueError(
                 f"'{knob}' gives {gc.group.describe()} chunks of {gc.tokens_per_chunk} tokens, "
-                f"which kvchunk accepts, but vLLM 0.33.0 requires every offloaded group's "
+                f"which kvchunk accepts, but vLLM {V.VLLM_VERSION} requires every offloaded group's "
                 f"tokens per block to be a multiple of tokens_per_hash={tph}, and this group "
                 f"has {tpb} (vLLM issue #54413). Hybrid models (e.g. Mamba+Attention) need "
                 f"--enable-prefix-caching and Mamba cache mode 'align' so that tokens_per_hash "

@@ -1,4 +1,6 @@
-"""Derive KV-cache geometry fixtures by running vLLM 0.33.0's own planning on CPU.
+"""Derive KV-cache geometry fixtures by running the installed vLLM's own planning on CPU.
+
+One set per vLLM release (0.33.0, 0.34.0): see :mod:`vllm_adapter.fixtures`.
 
 :func:`derive` builds, for one recipe in :data:`RECIPES`:
 
@@ -357,7 +359,10 @@ def _dsv4_layers(vllm_config: Any, tp: int) -> tuple[list[str], list[Any]]:
         attn.compress_ratio = compress_ratio
         if compress_ratio == 4:  # DeepseekV4Indexer (built first in __init__)
             if api.dsa_indexer_uses_fp4(vllm_config):
-                raise NotImplementedError("MXFP4 indexer cache is not modelled")
+                raise ValueError(
+                    "DeepSeek-V4 with the MXFP4 indexer cache is not modelled by "
+                    "vllm_adapter.derive; plan it with the default fp8 indexer cache"
+                )
             layers.append(
                 api.DeepseekV4IndexerCache(
                     head_dim=index_head_dim + index_head_dim // quant_block_size * 4,
@@ -423,7 +428,7 @@ def _dsv4_layers(vllm_config: Any, tp: int) -> tuple[list[str], list[Any]]:
 def _collect_runner_specs(vllm_config: Any) -> tuple[dict[str, Any], str]:
     """The GPU model runner's own ``get_kv_cache_spec`` over ``static_forward_context``."""
     api = V.load_runner_api()
-    if vllm_config.use_v2_model_runner:
+    if V.uses_v2_model_runner(vllm_config):
         return api.v2_get_kv_cache_spec(
             vllm_config
         ), "v2 (vllm.v1.worker.gpu.attn_utils.get_kv_cache_spec)"
@@ -705,7 +710,7 @@ def derive_live(name: str) -> Derivation:
         "provenance": provenance,
         "cpu_patches": cpu_patches,
         "runner": runner,
-        "use_v2_model_runner": bool(vllm_config.use_v2_model_runner),
+        "use_v2_model_runner": V.uses_v2_model_runner(vllm_config),
         "use_mla": bool(vllm_config.model_config.use_mla),
         "distributed_executor_backend": str(
             vllm_config.parallel_config.distributed_executor_backend
@@ -797,7 +802,7 @@ def _probes(recipe: Recipe, sched_cfg: Any, vllm_config: Any) -> dict[str, Any]:
     finally:
         vllm_config.cache_config.prefix_match_unit = saved_unit
     # The small group made non-prefix-cacheable (SlidingWindowMLASpec with
-    # bounded_replay=True is the one such sliding spec in 0.33.0): excluded from
+    # bounded_replay=True is the one such sliding spec in 0.33.0 and 0.34.0): excluded from
     # the hash-unit check.
     small = min(
         range(len(sched_cfg.kv_cache_groups)),

@@ -1,9 +1,13 @@
 """KV-cache geometry fixtures: load them, rebuild real vLLM objects, build a Scheduler.
 
-A fixture (``vllm_adapter/fixtures/<name>.json``) is what
-:func:`vllm_adapter.derive.derive` got from vLLM 0.33.0's own KV-cache planning
-on CPU, serialized as plain JSON so that loading it costs no model work.  This
-module turns it back into *real* vLLM objects:
+A fixture (``vllm_adapter/fixtures/<vLLM version>/<name>.json``) is what
+:func:`vllm_adapter.derive.derive` got from that vLLM release's own KV-cache
+planning on CPU, serialized as plain JSON so that loading it costs no model work.
+Fixtures are stored per release (each release's planning, codec fields and spec
+classes are its own); loading reads the directory of the installed vLLM
+(``V.VLLM_VERSION``) and fails with :class:`MissingFixturesError` when it has
+none -- there is no fallback to another release's geometry.  This module turns
+a fixture back into *real* vLLM objects:
 
 * :func:`load_fixture` reads the JSON;
 * :func:`rebuild_kv_cache_config` rebuilds the scheduler-view or worker-view
@@ -14,9 +18,10 @@ module turns it back into *real* vLLM objects:
 * :func:`build_scheduler` puts both together into a real v1 ``Scheduler``.
 
 CLI: ``python -m vllm_adapter.fixtures regenerate [--check] [NAME ...]`` re-derives
-every fixture (or the named ones) and rewrites the JSON; with ``--check`` it
-rewrites nothing and exits 1, printing a diff, when a stored fixture differs
-from what vLLM derives now.
+every fixture (or the named ones) with the installed vLLM and rewrites the JSON
+in that release's directory; with ``--check`` it rewrites nothing and exits 1,
+printing a diff, when a stored fixture differs from what vLLM derives now.  Run
+it once per supported release (one virtualenv each).
 
 JSON encoding of vLLM values (see :func:`encode_spec`):
 
@@ -52,7 +57,9 @@ from vllm_adapter import vllm_api as V
 
 __all__ = [
     "FIXTURES_DIR",
+    "FIXTURES_ROOT",
     "MODELS_DIR",
+    "MissingFixturesError",
     "build_scheduler",
     "cpu_platform_patches",
     "decode_spec",
@@ -62,16 +69,21 @@ __all__ = [
     "encode_spec",
     "fixture_names",
     "fixture_path",
+    "fixtures_dir",
     "load_fixture",
     "make_vllm_config",
     "model_dir_path",
     "rebuild_kv_cache_config",
     "rebuild_layer_specs",
     "scheduler_block_sizes",
+    "stored_versions",
 ]
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-FIXTURES_DIR = PACKAGE_DIR / "fixtures"
+FIXTURES_ROOT = PACKAGE_DIR / "fixtures"
+"""One directory per vLLM release: ``FIXTURES_ROOT / "0.34.0" / "<name>.json"``."""
+FIXTURES_DIR = FIXTURES_ROOT / V.VLLM_VERSION
+"""The installed vLLM's fixtures (may not exist: see :func:`fixtures_dir`)."""
 MODELS_DIR = PACKAGE_DIR / "models"
 SCHEMA_VERSION = 1
 DEFAULT_CPU_BYTES = 1 << 30
@@ -300,7 +312,13 @@ def encode_kv_cache_config(config: Any) -> dict[str, Any]:
 
 
 def decode_kv_cache_config(encoded: Mapping[str, Any]) -> Any:
+    """Inverse of :func:`encode_kv_cache_config`.
+
+    Fields vLLM resolves after construction (``init=False``, e.g. 0.34.0's
+    ``needs_kv_cache_zeroing``, settled across workers) get their stored value back.
+    """
     kwargs: dict[str, Any] = {}
+    resolved: dict[str, Any] = {}
     for f in dataclasses.fields(V.KVCacheConfig):
         if f.name not in encoded:
             continue
@@ -311,9 +329,14 @@ def decode_kv_cache_config(encoded: Mapping[str, Any]) -> Any:
             kwargs[f.name] = [
                 V.KVCacheTensor(**{k: _decode_value(v) for k, v in t.items()}) for t in value
             ]
-        else:
+        elif f.init:
             kwargs[f.name] = _decode_value(value)
-    return V.KVCacheConfig(**kwargs)
+        else:
+            resolved[f.name] = _decode_value(value)
+    config = V.KVCacheConfig(**kwargs)
+    for name, value in resolved.items():
+        setattr(config, name, value)
+    return config
 
 
 # ---------------------------------------------------------------------------
@@ -321,18 +344,46 @@ def decode_kv_cache_config(encoded: Mapping[str, Any]) -> Any:
 # ---------------------------------------------------------------------------
 
 
-def fixture_path(name: str) -> Path:
-    return FIXTURES_DIR / f"{name}.json"
+class MissingFixturesError(RuntimeError):
+    """No fixtures are stored for a vLLM release (there is no fallback to another)."""
 
 
-def fixture_names() -> list[str]:
-    """Names of the stored fixtures, sorted."""
-    return sorted(p.stem for p in FIXTURES_DIR.glob("*.json"))
+def stored_versions() -> list[str]:
+    """The vLLM releases with a fixture directory, sorted by release number."""
+    dirs = [p.name for p in FIXTURES_ROOT.iterdir() if p.is_dir() and any(p.glob("*.json"))]
+    return sorted(dirs, key=lambda v: tuple(int(x) if x.isdigit() else -1 for x in v.split(".")))
 
 
-def load_fixture(name: str) -> dict[str, Any]:
-    """The stored fixture ``name`` as a plain dict (no vLLM work)."""
-    with fixture_path(name).open(encoding="utf-8") as f:
+def fixtures_dir(version: str | None = None) -> Path:
+    """The fixture directory of ``version`` (default: the installed vLLM's); it must exist."""
+    version = V.VLLM_VERSION if version is None else version
+    path = FIXTURES_ROOT / version
+    if not path.is_dir():
+        raise MissingFixturesError(
+            f"no KV-cache geometry fixtures for vLLM {version} ({path} does not exist; stored: "
+            f"{', '.join(stored_versions()) or 'none'}). Derive them with that vLLM installed: "
+            "python -m vllm_adapter.fixtures regenerate"
+        )
+    return path
+
+
+def fixture_path(name: str, version: str | None = None) -> Path:
+    """Where fixture ``name`` of ``version`` (default: the installed vLLM's) is stored."""
+    return fixtures_dir(version) / f"{name}.json"
+
+
+def fixture_names(version: str | None = None) -> list[str]:
+    """Names of the stored fixtures of ``version`` (default: the installed vLLM's), sorted."""
+    return sorted(p.stem for p in fixtures_dir(version).glob("*.json"))
+
+
+def load_fixture(name: str, version: str | None = None) -> dict[str, Any]:
+    """The stored fixture ``name`` as a plain dict (no vLLM work).
+
+    ``version`` defaults to the installed vLLM's; another release's fixture is
+    only for comparing plain JSON (its spec classes may not exist here).
+    """
+    with fixture_path(name, version).open(encoding="utf-8") as f:
         return json.load(f)
 
 
@@ -542,7 +593,7 @@ def _regenerate(names: list[str], check: bool) -> int:
         start = time.perf_counter()
         text = dump_fixture(derive(name))
         elapsed = time.perf_counter() - start
-        path = fixture_path(name)
+        path = FIXTURES_ROOT / V.VLLM_VERSION / f"{name}.json"
         old = path.read_text(encoding="utf-8") if path.exists() else ""
         if check:
             if old == text:
@@ -554,8 +605,8 @@ def _regenerate(names: list[str], check: bool) -> int:
                     difflib.unified_diff(
                         old.splitlines(keepends=True),
                         text.splitlines(keepends=True),
-                        fromfile=f"stored/{path.name}",
-                        tofile=f"derived/{path.name}",
+                        fromfile=f"stored/{V.VLLM_VERSION}/{path.name}",
+                        tofile=f"derived/{V.VLLM_VERSION}/{path.name}",
                     )
                 )
         else:

@@ -91,7 +91,7 @@ def group_kind_fields(index: int, group_spec: Any, tokens_per_block: int) -> dic
     )
     raise ValueError(
         f"{_describe_vllm_group(index, spec, tokens_per_block)}{wrapped} cannot be offloaded: "
-        f"vLLM 0.33.0's offloading handles full attention (incl. MLA, sink, RSWA), sliding "
+        f"vLLM {V.VLLM_VERSION}'s offloading handles full attention (incl. MLA, sink, RSWA), sliding "
         f"window (incl. sliding-window MLA), chunked-local attention and Mamba groups only."
     )
 
@@ -200,7 +200,7 @@ def vllm_blocks_per_chunk(
     vllm_config: Any,
     extra_config: Mapping[str, Any] | None = None,
 ) -> VllmChunking:
-    """Run vLLM 0.33.0's ``build_offloading_config`` and report what it resolved.
+    """Run the installed vLLM's ``build_offloading_config`` and report what it resolved.
 
     ``extra_config`` replaces the config's ``kv_connector_extra_config`` (on a
     copy).  Whatever vLLM raises (its bare ``AssertionError`` on mixed block

@@ -1,4 +1,4 @@
-"""``ReferenceOffloadingSpec``: vLLM 0.33.0's CPU tier with the reference's byte copies.
+"""``ReferenceOffloadingSpec``: vLLM's CPU tier (0.33.0 and 0.34.0) with the reference's byte copies.
 
 Selected like any out-of-tree offloading spec::
 
@@ -25,7 +25,12 @@ Worker side (:meth:`ReferenceOffloadingSpec.get_worker`)
     runs on a CPU-only host with CPU "GPU" tensors (vLLM's ``CPUOffloadingWorker``
     refuses non-CUDA platforms) and on CUDA tensors (the pool is then pinned).
     Transfers run synchronously inside ``submit_*``; their results are reported
-    by the next ``get_finished``.
+    by the next ``get_finished``.  The GPU side of a job arrives as vLLM's
+    connector worker passes it: a ``GPULoadStoreSpec`` (0.33.0) or
+    ``DevicePointers`` resolved over the same canonical tensors (0.34.0), turned
+    back into block ids by ``vllm_api.gpu_blocks``.  0.34.0's store jobs may
+    list the null block (id 0) as a placeholder, several times; its (zeroed)
+    page is copied into the sub-slots it holds, as vLLM's worker does.
 
 The mapping (:func:`transfer_layout`) mirrors ``CPUOffloadingWorker`` /
 ``SingleDirectionOffloadingHandler._fill_direct_ops`` (the direct layout):
@@ -65,7 +70,8 @@ import torch
 
 from reference.mathutil import cdiv
 from reference.store import ChunkStore
-from reference.transfer import TensorRef, TransferLayout, gather, scatter
+from reference.transfer import TensorRef, TransferLayout, gather, plan_copies, scatter
+from reference.transfer import _check_tensors as check_tensors
 from vllm_adapter import vllm_api as V
 
 __all__ = [
@@ -141,6 +147,8 @@ class ReferenceOffloadingWorker(V.OffloadingWorker):
         *,
         pin_memory: bool | None = None,
     ) -> None:
+        self.kv_caches = kv_caches
+        """vLLM's ``CanonicalKVCaches`` (0.34.0's device pointers are resolved over them)."""
         self.layout = transfer_layout(kv_caches, blocks_per_chunk)
         self.gpu_tensors = canonical_gpu_tensors(kv_caches)
         devices = {t.device for t in self.gpu_tensors}
@@ -173,26 +181,87 @@ class ReferenceOffloadingWorker(V.OffloadingWorker):
     def _job_bytes(self, group_sizes: Sequence[int]) -> int:
         return sum(int(n) * b for n, b in zip(group_sizes, self._group_bytes, strict=True))
 
-    def _run(self, job_id: int, gpu_spec: Any, cpu_spec: Any, store: bool) -> bool:
-        if not isinstance(gpu_spec, V.GPULoadStoreSpec):
-            raise TypeError(
-                f"job {job_id}: expected a GPULoadStoreSpec, got {type(gpu_spec).__name__}"
-            )
+    def gpu_blocks(self, gpu_side: Any) -> Any:
+        """The block ids, group sizes and block indices of a ``submit_*`` GPU-side argument.
+
+        Accepts what vLLM passes (a ``GPULoadStoreSpec`` on 0.33.0,
+        ``DevicePointers`` resolved over :attr:`kv_caches` on 0.34.0; see
+        ``vllm_api.gpu_blocks``) and an already decoded ``vllm_api.GpuBlocks``
+        (what worker wrappers such as the faults lane's forward).
+        """
+        if isinstance(gpu_side, V.GpuBlocks):
+            return gpu_side
+        return V.gpu_blocks(gpu_side, self.kv_caches)
+
+    def _pieces(
+        self, block_ids: torch.Tensor, sizes: list[int], firsts: list[int], slot_ids: torch.Tensor
+    ) -> list[tuple[torch.Tensor, list[int], list[int], torch.Tensor]]:
+        """The job as calls whose block ids are distinct (what :mod:`reference.transfer` takes).
+
+        vLLM 0.34.0 keeps null GPU blocks (block id 0, the zeroed null page)
+        inside a stored chunk as placeholders, so the blocks after them keep
+        their sub-slots (0.33.0 dropped them); one store job can then list block
+        0 several times.  Reading a row twice is fine for a store, so such a
+        job is cut, per group, into runs holding block 0 at most once; each
+        run keeps its own ``block_indices`` and chunk ids, so every block still
+        lands in the sub-slot vLLM's worker writes (block 0's bytes included).
+        Any other job, or one whose ids do not add up, is one call (and the
+        reference's validation reports what is wrong with it).
+        """
+        whole = [(block_ids, sizes, firsts, slot_ids)]
+        if int((block_ids == 0).sum()) < 2:
+            return whole
+        bpcs = self.layout.blocks_per_chunk
+        chunks = [
+            cdiv(n + f % b, b) if n else 0 for n, f, b in zip(sizes, firsts, bpcs, strict=True)
+        ]
+        if sum(sizes) != block_ids.numel() or sum(chunks) != slot_ids.numel():
+            return whole
+        out = []
+        block_cursor = slot_cursor = 0
+        for g, (n, first, b, nch) in enumerate(zip(sizes, firsts, bpcs, chunks, strict=True)):
+            if n == 0:
+                continue
+            ids = block_ids[block_cursor : block_cursor + n]
+            slots = slot_ids[slot_cursor : slot_cursor + nch]
+            skip = first % b
+            starts = [0]
+            seen_null = False
+            for k, block in enumerate(ids.tolist()):
+                if block == 0:
+                    if seen_null:
+                        starts.append(k)
+                    seen_null = True
+            for s, e in zip(starts, starts[1:] + [n], strict=True):
+                piece_sizes = [0] * len(sizes)
+                piece_sizes[g] = e - s
+                piece_firsts = list(firsts)
+                piece_firsts[g] = first + s
+                lo, hi = (skip + s) // b, (skip + e - 1) // b + 1
+                out.append((ids[s:e], piece_sizes, piece_firsts, slots[lo:hi]))
+            block_cursor += n
+            slot_cursor += nch
+        return out
+
+    def _run(self, job_id: int, gpu_side: Any, cpu_spec: Any, store: bool) -> bool:
+        gpu = self.gpu_blocks(gpu_side)
         slot_ids = torch.from_numpy(cpu_spec.block_ids.astype("int64", copy=False))
-        block_ids = torch.from_numpy(gpu_spec.block_ids.astype("int64", copy=False))
-        group_sizes = [int(n) for n in gpu_spec.group_sizes]
-        block_indices = [int(i) for i in gpu_spec.block_indices]
+        block_ids = torch.from_numpy(gpu.block_ids.astype("int64", copy=False))
+        group_sizes = [int(n) for n in gpu.group_sizes]
+        block_indices = [int(i) for i in gpu.block_indices]
         start = time.perf_counter()
-        copy = gather if store else scatter
-        copy(
-            self.layout,
-            self.gpu_tensors,
-            self.pool,
-            block_ids,
-            group_sizes,
-            block_indices,
-            slot_ids,
+        pieces = (
+            self._pieces(block_ids, group_sizes, block_indices, slot_ids)
+            if store
+            else [(block_ids, group_sizes, block_indices, slot_ids)]
         )
+        if len(pieces) > 1:  # validate every call before the first write
+            for ids, sizes, firsts, slots in pieces:
+                plan = plan_copies(self.layout, ids, sizes, firsts, slots)
+                check_tensors(self.layout, self.gpu_tensors, self.pool, plan)
+        copy = gather if store else scatter
+        for ids, sizes, firsts, slots in pieces:
+            copy(self.layout, self.gpu_tensors, self.pool, ids, sizes, firsts, slots)
         if not store and self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         elapsed = time.perf_counter() - start
@@ -211,13 +280,21 @@ class ReferenceOffloadingWorker(V.OffloadingWorker):
         return True
 
     def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
-        """GPU -> CPU: :func:`reference.transfer.gather` into the chunks ``dst_spec`` names."""
+        """GPU -> CPU: :func:`reference.transfer.gather` into the chunks ``dst_spec`` names.
+
+        ``src_spec`` is the GPU side as vLLM passes it (``GPULoadStoreSpec`` on
+        0.33.0, ``DevicePointers`` on 0.34.0, where the parameter is named
+        ``device_ptrs``), or a ``vllm_api.GpuBlocks``.
+        """
         return self._run(job_id, src_spec, dst_spec, store=True)
 
     def submit_load(
         self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False
     ) -> bool:
-        """CPU -> GPU: :func:`reference.transfer.scatter` from the chunks ``src_spec`` names."""
+        """CPU -> GPU: :func:`reference.transfer.scatter` from the chunks ``src_spec`` names.
+
+        ``dst_spec``: the GPU side, as for :meth:`submit_store`.
+        """
         return self._run(job_id, dst_spec, src_spec, store=False)
 
     def get_finished(self) -> list[Any]:

@@ -338,3 +338,189 @@ from vllm.v1.kv_offload.tiering.fs.io import (  # noqa: E402, F401
     probe_o_direct,
 )
 from vllm.v1.kv_offload.tiering.fs.thread_pool import DualQueueThreadPool  # noqa: E402, F401
+
+
+# --- version shims (vLLM 0.33.0 / 0.34.0) ---
+# Every difference between the supported releases that kvchunk's code meets is
+# one small, named shim here, detected by feature (never by version string), so
+# the harness reads the same on both.  conformance.versions documents which
+# behaviours (as opposed to APIs) changed.
+import dataclasses as _dataclasses  # noqa: E402
+from typing import Any as _Any  # noqa: E402
+from typing import NamedTuple as _NamedTuple  # noqa: E402
+
+import numpy as _np  # noqa: E402
+
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (  # noqa: E402, F811
+    OffloadingWorkerMetadata,
+)
+
+SUPPORTS_FAILED_TRANSFERS: bool = "failed_jobs" in {
+    f.name for f in _dataclasses.fields(OffloadingWorkerMetadata)
+}
+"""0.34.0: a worker may report ``TransferResult(success=False)``; the job's id
+reaches the scheduler in ``OffloadingWorkerMetadata.failed_jobs`` (a failed store
+is dropped, a failed load's request is listed in ``failed_recving`` and never
+loads from the offloaded cache again).  0.33.0 asserts ``success``."""
+
+try:  # 0.34.0: transfers take pre-resolved device pointers, not GPULoadStoreSpec
+    from vllm.v1.kv_offload.base import DevicePointers  # noqa: F401
+    from vllm.v1.kv_offload.pointer_utils import resolve_device_pointers  # noqa: F401
+
+    WORKER_TAKES_DEVICE_POINTERS: bool = True
+except ImportError:  # 0.33.0
+    DevicePointers = None  # type: ignore[assignment,misc]
+    resolve_device_pointers = None  # type: ignore[assignment]
+    WORKER_TAKES_DEVICE_POINTERS = False
+
+
+def skips_external_kv(request: _Any) -> bool:
+    """The request must not read offloaded KV (0.34.0 ``skip_reading_external_kv``,
+    0.33.0 ``skip_reading_prefix_cache``)."""
+    if hasattr(type(request), "skip_reading_external_kv"):
+        return bool(request.skip_reading_external_kv)
+    return bool(request.skip_reading_prefix_cache)
+
+
+def failed_job_ids(worker_meta: _Any) -> set[int]:
+    """Job ids a worker reported as failed (always empty on 0.33.0)."""
+    return set(getattr(worker_meta, "failed_jobs", ()) or ())
+
+
+class GpuBlocks(_NamedTuple):
+    """The GPU side of one transfer job, whichever form the worker received."""
+
+    block_ids: _np.ndarray
+    """int64 block ids, group-major."""
+    group_sizes: tuple[int, ...]
+    block_indices: tuple[int, ...]
+
+
+def gpu_blocks(gpu_side: _Any, kv_caches: _Any) -> GpuBlocks:
+    """Block ids, group sizes and block indices of a worker call's GPU argument.
+
+    0.33.0 passes the ``GPULoadStoreSpec``.  0.34.0 passes ``DevicePointers``
+    (``base + block_id * row_stride`` per data ref per block, see
+    ``pointer_utils.resolve_device_pointers``); the block ids are recovered from
+    the first data ref of each group, and every other data ref of the group
+    must name the same blocks (``ValueError`` otherwise).
+    """
+    if isinstance(gpu_side, GPULoadStoreSpec):
+        return GpuBlocks(
+            _np.asarray(gpu_side.block_ids, dtype=_np.int64),
+            tuple(int(n) for n in gpu_side.group_sizes),
+            tuple(int(i) for i in gpu_side.block_indices),
+        )
+    if DevicePointers is None or not isinstance(gpu_side, DevicePointers):
+        raise TypeError(
+            f"expected a GPULoadStoreSpec or DevicePointers, got {type(gpu_side).__name__}"
+        )
+    out: list[_np.ndarray] = []
+    op = 0
+    for size, n_refs, refs in zip(
+        gpu_side.group_block_counts,
+        gpu_side.group_data_ref_counts,
+        kv_caches.group_data_refs,
+        strict=True,
+    ):
+        if size == 0:
+            continue
+        ids = None
+        for ref in refs[:n_refs]:
+            tensor = kv_caches.tensors[ref.tensor_idx].tensor
+            base = _np.uint64(tensor.data_ptr())
+            stride = _np.uint64(tensor.stride(0))  # as resolve_device_pointers computes it
+            ptrs = gpu_side.ptrs[op : op + size]
+            got = ((ptrs - base) // stride).astype(_np.int64)
+            if ids is None:
+                ids = got
+            elif not _np.array_equal(ids, got):
+                raise ValueError("DevicePointers: data refs of one group name different blocks")
+            op += size
+        assert ids is not None
+        out.append(ids)
+    block_ids = _np.concatenate(out) if out else _np.zeros(0, dtype=_np.int64)
+    return GpuBlocks(
+        block_ids,
+        tuple(int(n) for n in gpu_side.group_block_counts),
+        tuple(int(i) for i in gpu_side.block_indices),
+    )
+
+
+def install_transfer_engine(connector_worker: _Any, engine: _Any, num_groups: int) -> None:
+    """Put ``engine`` under an ``OffloadingConnectorWorker`` without KV tensors.
+
+    0.34.0's worker resolves device pointers from ``_kv_caches`` before every
+    submit; an engine that moves no bytes gets caches with no data refs (its
+    submits then see empty pointer arrays and the per-group block counts).
+    """
+    connector_worker.worker = engine
+    if WORKER_TAKES_DEVICE_POINTERS:
+        connector_worker._kv_caches = CanonicalKVCaches(
+            tensors=[], group_data_refs=[[] for _ in range(num_groups)]
+        )
+
+
+def model_runner_output(
+    req_ids: list[str], sampled_token_ids: list[list[int]], kv_connector_output: _Any
+) -> _Any:
+    """A ``ModelRunnerOutput`` (0.34.0 dropped ``req_id_to_index``: the order of
+    ``req_ids`` is the index)."""
+    fields = {f.name for f in _dataclasses.fields(ModelRunnerOutput)}
+    extra: dict[str, _Any] = {}
+    if "req_id_to_index" in fields:
+        extra["req_id_to_index"] = {r: i for i, r in enumerate(req_ids)}
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        sampled_token_ids=sampled_token_ids,
+        kv_connector_output=kv_connector_output,
+        **extra,
+    )
+
+
+# --- version shims: worker side ---
+# What an ``OffloadingWorker`` receives and what vLLM's CPU worker keeps, on
+# either release (detected by feature, like the section above).
+try:  # 0.34.0
+    from vllm.v1.kv_offload.pointer_utils import iter_pointer_groups  # noqa: F401
+except ImportError:  # 0.33.0
+    iter_pointer_groups = None  # type: ignore[assignment]
+
+
+def worker_gpu_arg(gpu_spec: _Any, kv_caches: _Any) -> _Any:
+    """The GPU-side argument ``submit_store`` / ``submit_load`` get for ``gpu_spec``.
+
+    What ``OffloadingConnectorWorker`` passes: the ``GPULoadStoreSpec`` itself
+    (0.33.0), or ``resolve_device_pointers(gpu_spec, kv_caches)`` over the
+    worker's ``CanonicalKVCaches`` (0.34.0).
+    """
+    if WORKER_TAKES_DEVICE_POINTERS:
+        return resolve_device_pointers(gpu_spec, kv_caches)
+    return gpu_spec
+
+
+def cpu_worker_views(worker: _Any) -> list[_Any]:
+    """The CPU tensors (one per canonical tensor) of a ``CPUOffloadingWorker``'s store handler.
+
+    ``SingleDirectionOffloadingHandler.dst_tensors`` on 0.33.0 (the store
+    handler's destination); 0.34.0 keeps only ``cpu_tensors`` (the GPU side
+    comes as pointers).
+    """
+    handler = worker._store_handler
+    views = getattr(handler, "cpu_tensors", None)
+    return list(views if views is not None else handler.dst_tensors)
+
+
+# --- version shims: fixtures/cli ---
+# Used by vllm_adapter.derive (fixtures, CLI planning).  Detected by feature.
+
+
+def uses_v2_model_runner(vllm_config: _Any) -> bool:
+    """Whether the GPU worker builds Model Runner V2.
+
+    0.33.0 decides per config (``VllmConfig.use_v2_model_runner``); 0.34.0 removed
+    the V1 ``GPUModelRunner`` (and the property): V2 is the only GPU runner.
+    """
+    if hasattr(type(vllm_config), "use_v2_model_runner"):
+        return bool(vllm_config.use_v2_model_runner)
+    return True

@@ -138,11 +138,7 @@ class PlainSession:
                 req = self.scheduler.requests[req_id]
                 token = D.sampled_token(req_id, req.num_tokens, self.vocab_size)
                 sampled.append([] if req.is_prefill_chunk else [token])
-            out = V.ModelRunnerOutput(
-                req_ids=req_ids,
-                req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                sampled_token_ids=sampled,
-            )
+            out = V.model_runner_output(req_ids, sampled, None)
             self.scheduler.update_from_output(so, out)
         self.step_no += 1
 

@@ -22,9 +22,10 @@ from conformance.bench import CASES, GEOMETRIES, Variant, case_id, env_int, meas
 
 pytest.importorskip("vllm")
 
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
+from hypothesis import Phase, given, settings  # noqa: E402
 
 from conformance.replay import first_divergence, recorded_answers, replay  # noqa: E402
+from conformance.strategies import SLOW_EXAMPLE_CHECKS  # noqa: E402
 from conformance.workloads import PlanCase, driver_for, workloads  # noqa: E402
 
 EXAMPLES = env_int("KVCHUNK_BENCH_SUITE_EXAMPLES", 12)
@@ -66,7 +67,7 @@ def test_plan_lane_speed(benchmark: Any, geometry: str, blocks_per_chunk: int) -
         database=None,
         deadline=None,
         phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
+        suppress_health_check=SLOW_EXAMPLE_CHECKS,
     )
     @given(workloads())
     def lane_example(workload: Any) -> None:

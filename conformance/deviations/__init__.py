@@ -1,13 +1,38 @@
-"""Per-backend deviation files: ``<backend>.toml``."""
+"""Per-backend deviation files: ``<backend>-<version>.toml``, else ``<backend>.toml``.
+
+The ``vllm`` backend's deviations depend on the installed release (a bug fixed in
+0.34.0 is a deviation of 0.33.0 only), so its files are per version:
+``vllm-0.33.0.toml``, ``vllm-0.34.0.toml``.  A release with no file has no known
+deviations: every disagreement is reported as a finding.
+"""
 
 from __future__ import annotations
 
 import fnmatch
+import importlib.metadata
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).parent
+
+
+def backend_version(backend: str) -> str | None:
+    """The installed distribution's version for a backend named after one (``vllm``)."""
+    try:
+        return importlib.metadata.version(backend)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def path_for(backend: str) -> Path:
+    """The deviations file that applies to ``backend`` as installed."""
+    version = backend_version(backend)
+    if version is not None:
+        versioned = HERE / f"{backend}-{version}.toml"
+        if versioned.exists():
+            return versioned
+    return HERE / f"{backend}.toml"
 
 
 @dataclass(frozen=True)
@@ -24,7 +49,7 @@ class Deviation:
 
 
 def load(backend: str) -> list[Deviation]:
-    path = HERE / f"{backend}.toml"
+    path = path_for(backend)
     if not path.exists():
         return []
     data = tomllib.loads(path.read_text())
@@ -32,8 +57,8 @@ def load(backend: str) -> list[Deviation]:
     for d in data.get("deviation", []):
         if d["kind"] not in ("intended", "suspected-bug"):
             raise ValueError(f"{path}: deviation {d['id']} has kind {d['kind']!r}")
-        out.append(Deviation(d["id"], d["lane"], tuple(d["cases"]), d["kind"], d["reason"],
-                             d["reproduction"]))
+        out.append(Deviation(d["id"], d["lane"], tuple(d.get("cases", ())), d["kind"],
+                             d["reason"], d["reproduction"]))
     return out
 
 

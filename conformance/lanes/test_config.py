@@ -5,7 +5,7 @@ For every fixture and knob: where vLLM's ``build_offloading_config`` and
 same values field by field; where vLLM raises a ValueError, so does the
 reference.  For knobs only kvchunk accepts, the kvchunk connector's scheduler
 runs exactly what the reference resolved.  Known disagreements are strict
-xfails from ``conformance/deviations/vllm.toml``.
+xfails from ``conformance/deviations/vllm-<release>.toml`` (the installed release).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Data lane: real bytes through vLLM 0.33.0's real offloading path.
+"""Data lane: real bytes through the installed vLLM's (0.33.0 or 0.34.0) real offloading path.
 
 Every case runs the real ``Scheduler`` + ``OffloadingConnector`` (or kvchunk's
 ``KvchunkOffloadingConnector``) scheduler role and the connector's worker role
@@ -31,15 +31,11 @@ from conformance import vllm_driver as D  # noqa: E402
 from conformance.kvdata import (  # noqa: E402
     REFERENCE_SPEC,
     DataStats,
+    FixtureCase,
     SyntheticModelRunner,
-    fixture_driver,
     with_planned_tensors,
 )
 from conformance.trace import RequestSpec  # noqa: E402
-
-KVCHUNK = "KvchunkOffloadingConnector"
-KVCHUNK_MODULE = "vllm_adapter.connector"
-
 
 # ---------------------------------------------------------------------------
 # Workload
@@ -194,33 +190,14 @@ def test_synthetic_loads_carry_the_stored_bytes(case: SyntheticCase, record_prop
 # ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class FixtureCase:
-    fixture: str
-    extra: tuple[tuple[str, int], ...]
-    kvchunk: bool
-    num_gpu_blocks: int
-    num_cpu_chunks: int
-    prompt_len: int
-    budget: int = 256
-
-    @property
-    def knob(self) -> str:
-        (key, value), *_ = self.extra
-        return f"{key}={value}" + (f" ({KVCHUNK})" if self.kvchunk else " (OffloadingConnector)")
-
-    def __str__(self) -> str:
-        (key, value), *_ = self.extra
-        return f"{self.fixture}-{key}{value}"
-
-
 GEMMA = "gemma-4-31B-it-tp2"
 DSV4 = "deepseek-v4-flash-tp4"
 FIXTURES = [
     # gemma: 10 canonical tensors of 128 KiB pages, 6 groups each referring to all 10.
     FixtureCase(GEMMA, (("block_size", 512),), True, 384, 24, 640),
     FixtureCase(GEMMA, (("blocks_per_chunk", 1),), False, 224, 256, 320),
-    FixtureCase(GEMMA, (("blocks_per_chunk", 4),), False, 224, 72, 320),
+    # Sized for 0.33.0's 32-token blocks; scaled with the fixture's (block_tokens_base).
+    FixtureCase(GEMMA, (("blocks_per_chunk", 4),), False, 224, 72, 320, block_tokens_base=32),
     # DeepSeek-V4: one packed canonical tensor (1002240-byte blocks), one whole-block ref per group.
     FixtureCase(DSV4, (("block_size", 512),), True, 256, 96, 1100),
     FixtureCase(DSV4, (("blocks_per_chunk", 1),), False, 256, 192, 600),
@@ -246,15 +223,9 @@ def test_fixture_loads_carry_the_stored_bytes(case: FixtureCase, record_property
     record_property("fixture", case.fixture)
     record_property("knob", case.knob)
     _fixture_available(case.fixture)
-    driver = fixture_driver(
-        case.fixture,
-        dict(case.extra),
-        num_gpu_blocks=case.num_gpu_blocks,
-        num_cpu_chunks=case.num_cpu_chunks,
-        connector=KVCHUNK if case.kvchunk else "OffloadingConnector",
-        connector_module_path=KVCHUNK_MODULE if case.kvchunk else None,
+    stats = run_workload(
+        case.driver(), prompt_len=case.workload_prompt_len, budget=case.workload_budget
     )
-    stats = run_workload(driver, prompt_len=case.prompt_len, budget=case.budget)
     record_and_check(stats, record_property)
 
 
@@ -295,9 +266,8 @@ def test_checker_catches_broken_loads(
             return True
         ok = real(self, job_id, src_spec, dst_spec, expedited)
         if mutation == "extra_block":
-            free = sorted(
-                set(range(1, self.gpu_tensors[0].shape[0])) - set(dst_spec.block_ids.tolist())
-            )
+            loaded = self.gpu_blocks(dst_spec).block_ids.tolist()  # spec or device pointers
+            free = sorted(set(range(1, self.gpu_tensors[0].shape[0])) - set(loaded))
             self.gpu_tensors[0][free[-1], :8] ^= 0xFF
         return ok
 

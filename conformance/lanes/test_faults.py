@@ -19,12 +19,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
+
+from conformance.strategies import SLOW_EXAMPLE_CHECKS
 
 pytest.importorskip("vllm")
 
@@ -72,14 +73,10 @@ class _Tally:
 def test_config_fuzz_connector(fixture: str, record_property: Any) -> None:
     record_property("fixture", fixture)
     record_property("knob", "fuzzed kv_connector_extra_config")
-    from vllm_adapter import fixtures as F
-
-    if fixture not in F.fixture_names():
-        pytest.skip(f"fixture {fixture} not generated")
     target = FA.config_target(fixture)
     tally = _Tally()
 
-    @settings(max_examples=_EXAMPLES, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=_EXAMPLES, database=None, suppress_health_check=SLOW_EXAMPLE_CHECKS)
     @given(FA.extra_configs())
     def run(extra: dict[str, Any]) -> None:
         tally.add(extra, FA.check_extra_config(target, extra))
@@ -99,7 +96,7 @@ def test_config_fuzz_reference_on_a_group_smaller_than_the_hash_unit(record_prop
     geometry = FA.sub_hash_geometry()
     tally = _Tally()
 
-    @settings(max_examples=_EXAMPLES, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=_EXAMPLES, database=None, suppress_health_check=SLOW_EXAMPLE_CHECKS)
     @given(FA.extra_configs())
     def run(extra: dict[str, Any]) -> None:
         tally.add(extra, FA.check_reference_only(geometry, extra))
@@ -114,12 +111,10 @@ def test_config_fuzz_reference_on_a_group_smaller_than_the_hash_unit(record_prop
 def test_config_fuzz_cli(record_property: Any) -> None:
     record_property("fixture", "every fixture")
     record_property("knob", "python -m vllm_adapter config")
-    if importlib.util.find_spec("vllm_adapter.cli") is None:
-        pytest.skip("vllm_adapter.cli does not exist (yet)")
     tally = _Tally()
 
     @settings(max_examples=max(10, _EXAMPLES // 2), database=None,
-              suppress_health_check=list(HealthCheck))
+              suppress_health_check=SLOW_EXAMPLE_CHECKS)
     @given(FA.cli_cases())
     def run(case: tuple[str, list[str], dict[str, str]]) -> None:
         tally.add(case, FA.check_cli(case))
@@ -187,15 +182,6 @@ if DEEP:
     ]
 
 
-def _fixture_available(name: str) -> None:
-    if name.startswith("synthetic-") and name in FA._SYNTHETIC:
-        return
-    from vllm_adapter import fixtures as F
-
-    if name not in F.fixture_names():
-        pytest.skip(f"fixture {name} not generated")
-
-
 @pytest.mark.faults
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=str)
 def test_faults_never_corrupt_a_load_and_nothing_leaks(
@@ -203,7 +189,6 @@ def test_faults_never_corrupt_a_load_and_nothing_leaks(
 ) -> None:
     record_property("fixture", scenario.fixture)
     record_property("knob", scenario.knob)
-    _fixture_available(scenario.fixture)
     driver = FA.scenario_driver(scenario)
     seeds = _SEEDS if scenario.fixture.startswith("synthetic-") else max(1, _SEEDS // 3)
     total = FA.FaultStats()

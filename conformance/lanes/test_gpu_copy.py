@@ -33,45 +33,23 @@ import pytest
 pytest.importorskip("vllm")
 
 from conformance import gpu as G  # noqa: E402
+from conformance.kvdata import FixtureCase  # noqa: E402
 
-KVCHUNK = "KvchunkOffloadingConnector"
-KVCHUNK_MODULE = "vllm_adapter.connector"
 GEMMA = "gemma-4-31B-it-tp2"
 DSV4 = "deepseek-v4-flash-tp4"
 
 
 @dataclass(frozen=True)
-class CopyCase:
-    fixture: str
-    extra: tuple[tuple[str, int], ...]
-    kvchunk: bool
-    num_gpu_blocks: int
-    num_cpu_chunks: int
-    prompt_len: int
-    budget: int = 256
+class CopyCase(FixtureCase):
     shared_region: bool = True
+    """vLLM's CPU tier in its shared /dev/shm region (True) or private CPU tensors."""
 
     @property
     def knob(self) -> str:
-        (key, value), *_ = self.extra
-        text = f"{key}={value}" + (f" ({KVCHUNK})" if self.kvchunk else " (OffloadingConnector)")
-        return text + ("" if self.shared_region else ", private CPU tensors")
+        return super().knob + ("" if self.shared_region else ", private CPU tensors")
 
     def __str__(self) -> str:
-        (key, value), *_ = self.extra
-        return f"{self.fixture}-{key}{value}" + ("" if self.shared_region else "-private")
-
-    def driver(self) -> Any:
-        from conformance.kvdata import fixture_driver
-
-        return fixture_driver(
-            self.fixture,
-            dict(self.extra),
-            num_gpu_blocks=self.num_gpu_blocks,
-            num_cpu_chunks=self.num_cpu_chunks,
-            connector=KVCHUNK if self.kvchunk else "OffloadingConnector",
-            connector_module_path=KVCHUNK_MODULE if self.kvchunk else None,
-        )
+        return super().__str__() + ("" if self.shared_region else "-private")
 
 
 RECORDED = [
@@ -179,7 +157,10 @@ def test_recorded_jobs_copy_the_same_bytes(case: CopyCase, record_property: Any)
     setup = _Setup(case, seed=1)
     try:
         jobs = G.record_jobs(
-            setup.driver, prompt_len=case.prompt_len, budget=case.budget, origin=str(case)
+            setup.driver,
+            prompt_len=case.workload_prompt_len,
+            budget=case.workload_budget,
+            origin=str(case),
         )
         assert any(j.kind == "store" for j in jobs) and any(j.kind == "load" for j in jobs), (
             f"the recorded workload must store and load: {len(jobs)} jobs"

@@ -15,10 +15,11 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 
 from conformance.backends import Backend
 from conformance.replay import first_divergence, recorded_answers, replay
+from conformance.strategies import SLOW_EXAMPLE_CHECKS
 from conformance.workloads import PlanCase, driver_for, workloads
 
 pytestmark = pytest.mark.plan
@@ -69,7 +70,7 @@ def test_plans_agree(case: PlanCase, backend: Backend, record_property) -> None:
     driver = driver_for(case)
     counts = {"traces": 0, "answers": 0, "loads": 0, "stores": 0}
 
-    @settings(max_examples=_EXAMPLES, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=_EXAMPLES, suppress_health_check=SLOW_EXAMPLE_CHECKS)
     @given(workloads(max_len=case.max_len))
     def check(workload) -> None:  # type: ignore[no-untyped-def]
         trace = driver.run(workload)

@@ -1,0 +1,191 @@
+"""What changed between vLLM releases: each :data:`conformance.versions.CHANGES` case, measured.
+
+Every case runs its minimal workload through the installed vLLM's real
+scheduler and connector and records vLLM's answer.  Three things must hold:
+
+* the installed release's rules (``conformance.versions.rules_for``) replay the
+  trace exactly (the plan lane's comparison, on this one trace);
+* the case *separates* the releases' rules: replaying the same trace under the
+  other release's switch gives a different answer (so the case is minimal and
+  not vacuous);
+* the answer is recorded (``version_answer``); ``python -m conformance`` puts the
+  answers of every release that ran into the report's "What changed" section.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from conformance import trace as T  # noqa: E402
+from conformance import vllm_driver as D  # noqa: E402
+from conformance.replay import Answer, first_divergence, recorded_answers, replay  # noqa: E402
+from conformance.versions import CHANGES, RELEASES, rules_for  # noqa: E402
+from reference.plan import LastTokenRule, NullBlockRule, Planner, Policy  # noqa: E402
+from vllm_adapter import vllm_api as V  # noqa: E402
+
+pytestmark = pytest.mark.versions
+
+PROMPT_200 = tuple(range(1000, 1200))
+
+
+def _replay_with(trace: T.Trace, **switches: object) -> list[Answer]:
+    def factory(chunking, store, policy):  # type: ignore[no-untyped-def]
+        return Planner(chunking, store, replace(policy, **switches))
+
+    return replay(trace, factory)
+
+
+def _exact(trace: T.Trace) -> None:
+    div = first_divergence(replay(trace), recorded_answers(trace))
+    assert div is None, div.explain(trace)
+
+
+def _first(answers: list[Answer], call: str, req_id: str) -> object:
+    return next(a.value for a in answers if a.call == call and a.req_id == req_id)
+
+
+# -- the cases ------------------------------------------------------------------
+
+
+def last_token_cap() -> tuple[str, bool | None]:
+    driver = D.VllmDriver.from_kv_cache_config(
+        D.full_swa_kv_cache_config(64, 16, 128),
+        extra_config={"blocks_per_chunk": 1},
+        prefix_cache_retention_interval=None,  # dense: every window chunk is stored
+    )
+    s = driver.session()
+    s.add_request(T.RequestSpec("A", PROMPT_200, max_tokens=1))
+    s.run_until_idle()
+    assert s.reset_prefix_cache()  # GPU only: the CPU tier keeps A's chunks
+    s.add_request(
+        T.RequestSpec("B", PROMPT_200, max_tokens=1, kv_transfer_params=(("max_load_tokens", 64),))
+    )
+    s.run_until_idle()
+    trace = s.trace()
+    _exact(trace)
+    hit = trace.lookups("B")[0].hit_tokens
+    after = _first(_replay_with(trace, last_token=LastTokenRule.AFTER_CAPS), "lookup", "B")
+    end = _first(_replay_with(trace, last_token=LastTokenRule.REQUEST_END), "lookup", "B")
+    return f"B (200-token prompt, max_load_tokens 64) hits {hit} tokens", after != end
+
+
+def null_blocks_in_store_jobs() -> tuple[str, bool | None]:
+    """Not reached through the driver: a stored chunk with a null block needs the
+    window to pass the chunk's first block before the chunk is stored, which the
+    scheduler's prompt stores never wait for (60 plan-lane examples on every
+    windowed case found none).  The switch is shown on the reference
+    (tests/test_plan.py::test_null_block_rule_keeps_chunk_offsets); here the
+    smallest candidate runs and must replay exactly."""
+    driver = D.VllmDriver.from_kv_cache_config(
+        D.full_swa_kv_cache_config(64, 16, 40),
+        extra_config={"blocks_per_chunk": 2},
+        max_num_batched_tokens=16,
+        max_num_seqs=4,
+    )
+    trace = driver.run(T.WorkloadSpec(requests=(T.RequestSpec("A", tuple(range(1000, 1160))),)))
+    _exact(trace)
+    jobs = [j.job for r in trace.of_type(T.BuildMeta) for j in r.store_jobs]
+    nulls = sum(1 for j in jobs if 0 in j.block_ids)
+    return f"not reached: {len(jobs)} store job(s), {nulls} with a null block", None
+
+
+def failed_load_retry() -> tuple[str, bool | None]:
+    driver = D.VllmDriver.from_kv_cache_config(
+        D.full_swa_kv_cache_config(),
+        extra_config={"blocks_per_chunk": 2},
+        kv_load_failure_policy="recompute",
+    )
+    spec = T.WorkloadSpec(
+        requests=(
+            T.RequestSpec("A", PROMPT_200, max_tokens=1),
+            T.RequestSpec("B", PROMPT_200, max_tokens=1, arrival_step=6),
+        ),
+        resets=(T.ResetSpec(5),),
+        faults=(T.JobFault(1, fail=True),),
+    )
+    trace = driver.run(spec)
+    _exact(trace)
+    loads = trace.load_jobs("B")
+    hits = [lk.hit_tokens for lk in trace.lookups("B")]
+    retry = _replay_with(trace, reload_after_failed_load=True)
+    no_retry = _replay_with(trace, reload_after_failed_load=False)
+    lookups = [a.value for a in retry if a.call == "lookup" and a.req_id == "B"]
+    lookups_no = [a.value for a in no_retry if a.call == "lookup" and a.req_id == "B"]
+    return (
+        f"B's load fails; B's lookups hit {hits}, {len(loads)} load job(s)",
+        lookups != lookups_no,
+    )
+
+
+def failed_store_reported() -> tuple[str, bool | None]:
+    driver = D.VllmDriver.from_kv_cache_config(
+        D.full_attention_kv_cache_config(), extra_config={"blocks_per_chunk": 4}
+    )
+    s = driver.session()
+    assert s.engine is not None
+    s.engine._succeeds = lambda job_id: job_id != 0  # type: ignore[method-assign]
+    s.add_request(T.RequestSpec("A", tuple(range(1000, 1100)), max_tokens=1))
+    try:
+        s.run_until_idle()
+    except AssertionError:
+        return "the worker half raises a bare AssertionError (TransferResult.success asserted)", True
+    trace = s.trace()
+    done = [d for r in trace.of_type(T.JobsDone) for d in r.done if d.job_id == 0]
+    return f"store job 0 reported done with success={[d.success for d in done]}", True
+
+
+def connector_reset_twice() -> tuple[str, bool | None]:
+    # The faults lane's test_vllm_connector_reset_twice_between_steps, measured.
+    driver = D.VllmDriver.from_kv_cache_config(
+        D.full_attention_kv_cache_config(), extra_config={"blocks_per_chunk": 2}
+    )
+    s = driver.session(default_delay_steps=3)
+    s.add_request(T.RequestSpec("A", tuple(range(1000, 1300)), max_tokens=5))
+    s.step()
+    s.step()
+    assert s.connector_scheduler._jobs  # a store job in flight
+    try:
+        s.reset_prefix_cache(reset_connector=True)
+        s.reset_prefix_cache(reset_connector=True)
+        s.run_until_idle()
+    except AssertionError as e:
+        return f"AssertionError: {str(e) or '(bare assert)'}", True
+    return "both resets succeed", True
+
+
+CASES: dict[str, Callable[[], tuple[str, bool | None]]] = {
+    "last-token-cap": last_token_cap,
+    "null-blocks-in-store-jobs": null_blocks_in_store_jobs,
+    "failed-load-retry": failed_load_retry,
+    "failed-store-reported": failed_store_reported,
+    "connector-reset-twice": connector_reset_twice,
+}
+
+
+def test_every_change_has_a_case() -> None:
+    assert sorted(CASES) == sorted(c.id for c in CHANGES)
+    assert rules_for(V.VLLM_VERSION).known, (
+        f"vLLM {V.VLLM_VERSION} has no row in conformance.versions.RELEASES "
+        f"(known: {sorted(RELEASES)}): add its rules"
+    )
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=lambda c: c.id)
+def test_change(change, record_property) -> None:  # type: ignore[no-untyped-def]
+    answer, separates = CASES[change.id]()
+    record_property(f"version_answer:{change.id}", answer)
+    # None: the case is not reachable through vLLM's scheduler here (the case says why).
+    assert separates is not False, f"{change.id}: the case does not separate the releases' rules"
+
+
+def test_policy_defaults_are_the_intended_rules() -> None:
+    """The reference's defaults are the newest release's rules for every switch listed."""
+    default = Policy()
+    assert default.last_token is LastTokenRule.REQUEST_END
+    assert default.null_blocks_in_store is NullBlockRule.PLACEHOLDER
+    assert default.reload_after_failed_load is False

@@ -1,0 +1,137 @@
+"""The rules each supported vLLM release runs, as named reference policy switches.
+
+The reference (:class:`reference.plan.Policy`) defaults to the *intended* rule
+for every switch.  A release that deviates runs the switch that reproduces it,
+so the plan lane can still compare call by call; the deviation itself is listed
+in ``conformance/deviations/vllm-<version>.toml`` and, where two releases
+differ, in :data:`CHANGES` (the report's "What changed" section, whose answers
+the suite measures on each release: ``conformance/lanes/test_versions.py``).
+
+One row per release; a release not listed runs the newest row's rules and the
+report says so (``rules_for(...).known`` is False).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reference.plan import LastTokenRule, NullBlockRule, Policy
+
+
+@dataclass(frozen=True)
+class ReleaseRules:
+    version: str
+    policy: Policy
+    """The switches (other than the engine settings a trace records) this release runs."""
+    known: bool = True
+
+
+RELEASES: dict[str, ReleaseRules] = {
+    "0.33.0": ReleaseRules(
+        "0.33.0",
+        Policy(
+            last_token=LastTokenRule.AFTER_CAPS,
+            null_blocks_in_store=NullBlockRule.SKIP,
+            reload_after_failed_load=True,
+        ),
+    ),
+    "0.34.0": ReleaseRules(
+        "0.34.0",
+        Policy(
+            last_token=LastTokenRule.REQUEST_END,
+            null_blocks_in_store=NullBlockRule.PLACEHOLDER,
+            reload_after_failed_load=False,
+        ),
+    ),
+}
+NEWEST = max(RELEASES, key=lambda v: tuple(int(x) for x in v.split(".")))
+
+
+def rules_for(version: str) -> ReleaseRules:
+    """The rules of ``version``; an unknown release is assumed to be the newest known one."""
+    rules = RELEASES.get(version)
+    if rules is not None:
+        return rules
+    newest = RELEASES[NEWEST]
+    return ReleaseRules(version or "unknown", newest.policy, known=False)
+
+
+@dataclass(frozen=True)
+class Change:
+    """A behaviour that differs between supported releases, with its minimal case."""
+
+    id: str
+    rule: str
+    """The rule, in one sentence."""
+    case: str
+    """The smallest workload that shows it (what the measuring test runs)."""
+    intended: str
+    """Which answer is the intended rule, and why."""
+
+
+CHANGES: tuple[Change, ...] = (
+    Change(
+        id="last-token-cap",
+        rule=(
+            "With windowed groups the request's last token is recomputed. 0.33.0 subtracts that "
+            "token after applying the step's token budget and max_load_tokens; 0.34.0 subtracts "
+            "it from the request end only, so a hit bounded by a cap keeps its last chunk."
+        ),
+        case=(
+            "fa64+sw128@16 (full attention + sliding window 128, 16 tokens/block), "
+            "blocks_per_chunk=1, dense retention: store a 200-token prompt, reset the GPU prefix "
+            "cache, send it again with max_load_tokens=64."
+        ),
+        intended=(
+            "0.34.0: a cap is already a legal hit end; losing a token there drops a whole chunk "
+            "(reference LastTokenRule.REQUEST_END)."
+        ),
+    ),
+    Change(
+        id="null-blocks-in-store-jobs",
+        rule=(
+            "A stored sliding-window chunk may contain null blocks (freed, out of the window). "
+            "0.33.0 leaves them out of the store job; 0.34.0 keeps them as placeholders so every "
+            "block keeps its offset inside the chunk."
+        ),
+        case=(
+            "fa64+sw40@16, blocks_per_chunk=2: a 160-token prompt computed in 64-token prefill "
+            "chunks; the store of chunk 3 finds its first block already freed."
+        ),
+        intended=(
+            "0.34.0: the chunk layout is positional (sub-slot j holds block j of the chunk); "
+            "omitting a block shifts the ones after it (reference NullBlockRule.PLACEHOLDER)."
+        ),
+    ),
+    Change(
+        id="failed-load-retry",
+        rule=(
+            "After a failed load, 0.33.0 lets the request look up and load again; 0.34.0 never "
+            "loads that request from the offloaded cache again (load_failed), preemption included."
+        ),
+        case=(
+            "fa64+sw128@16, blocks_per_chunk=2: request A stores its prompt, a connector reset "
+            "runs, B sends the same prompt and its load job fails (kv_load_failure_policy "
+            "'recompute')."
+        ),
+        intended="Either (a retry policy, not a correctness rule); the reference defaults to 0.34.0.",
+    ),
+    Change(
+        id="failed-store-reported",
+        rule=(
+            "0.33.0's worker asserts every transfer succeeded, so a failed store cannot be "
+            "reported (its keys stay pending until a reset); 0.34.0 reports it and drops the keys."
+        ),
+        case="full@16, blocks_per_chunk=4: one 100-token request whose store job fails.",
+        intended="0.34.0: a failed store becomes visible to nobody and frees its slots.",
+    ),
+    Change(
+        id="connector-reset-twice",
+        rule=(
+            "Two connector resets with no scheduler step between them: 0.33.0 dies with a bare "
+            "AssertionError (jobs_to_flush not empty); 0.34.0 merges the flush sets."
+        ),
+        case="full@16, blocks_per_chunk=4: a request stores, then reset_prefix_cache(reset_connector=True) twice.",
+        intended="0.34.0: a reset must be idempotent.",
+    ),
+)
