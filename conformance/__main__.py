@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from conformance.report import ConformanceReport
-from conformance.versions import CHANGES, RELEASES, rules_for
+from conformance.versions import CHANGES, RELEASES, UNMEASURED, rules_for
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORTS = ROOT / "reports"
@@ -81,7 +81,11 @@ def what_changed(answers: dict[str, dict[str, str]]) -> str:
         "recorded by `conformance/lanes/test_versions.py` from `reports/versions-<release>.json`. "
         "The reference replays every trace with the release's switches "
         "(`conformance/versions.py`):\n\n"
-        f"{policies}\n\n{head}" + "\n".join(rows) + "\n"
+        f"{policies}\n\n{head}" + "\n".join(rows) + "\n\n"
+        "Changes in the offloading code that no lane reaches yet:\n\n"
+        "| change | what changed | why not measured |\n|---|---|---|\n"
+        + "\n".join(f"| `{u.id}` | {u.change} | {u.why_not_measured} |" for u in UNMEASURED)
+        + "\n"
     )
 
 

@@ -59,7 +59,8 @@ Fault injection (:class:`FaultyWorker`, :class:`FaultRunner`, :func:`run_fault_s
     (``prepare_store`` refuses: *cpu_full*), evictions while loads pin chunks,
     small GPU pools (preemption with transfers in flight), aborts of requests
     with jobs in flight, and GPU / connector prefix-cache resets mid-flight.
-    Two reset patterns hit vLLM 0.33.0 bugs and are steered around (:func:`_reset`;
+    Two reset patterns hit vLLM bugs (both in 0.33.0; the first still in 0.34.0)
+    and are steered around (:func:`_reset`;
     deviations ``connector-reset-stale-swa-blocks`` and ``connector-reset-twice``,
     reproduced by strict-xfail tests in the lane): a connector reset while
     requests keep running on a geometry with a sliding-window group, and two
@@ -94,7 +95,7 @@ import os
 import random
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
@@ -780,10 +781,15 @@ class FaultyWorker:
             return
         self.stats.loads_executed += 1
         if job.fate == "fail":
-            # No copy: the blocks keep their poison; every rank reports the job, the
-            # failing ones name the request in failed_recving.
-            self._results.append(V.TransferResult(job_id=job.job_id, success=True))
-            self._failed.add(job.job_id)
+            # No copy: the blocks keep their poison.  vLLM 0.34.0's worker takes the
+            # failure itself (failed_jobs; failed_recving for the request).  0.33.0's
+            # cannot: every rank reports the job done and the driver names the request
+            # in failed_recving (take_failed_loads).
+            if V.SUPPORTS_FAILED_TRANSFERS:
+                self._results.append(V.TransferResult(job_id=job.job_id, success=False))
+            else:
+                self._results.append(V.TransferResult(job_id=job.job_id, success=True))
+                self._failed.add(job.job_id)
             if job.req_id is not None:
                 self.failed_load_reqs.add(job.req_id)
             return
@@ -1107,6 +1113,22 @@ class FaultScenario:
     """Override the engine's world size (synthetic geometries); None keeps the fixture's."""
     planned: bool = False
     max_steps: int = 4000
+    block_tokens_base: int | None = None
+    """The fixture's scheduler block size (tokens) ``doc_len`` and ``budget`` were sized
+    for; when the release plans other blocks (vLLM 0.34.0: gemma-4 at 64 tokens, 0.33.0:
+    16) both scale with them, so the workload spans the same blocks.  None: absolute."""
+
+    def scaled(self) -> FaultScenario:
+        """This scenario with ``doc_len`` and ``budget`` scaled to the fixture's blocks."""
+        if self.block_tokens_base is None:
+            return self
+        from vllm_adapter import fixtures as fx
+
+        block = int(fx.load_fixture(self.fixture)["resolved"]["scheduler_block_size"])
+        scale = max(1, block // self.block_tokens_base)
+        return replace(
+            self, doc_len=self.doc_len * scale, budget=self.budget * scale, block_tokens_base=None
+        )
 
     @property
     def knob(self) -> str:
@@ -1336,6 +1358,7 @@ def drain_and_check(fs: FaultSession) -> None:
 def run_fault_scenario(sc: FaultScenario, driver: Any | None = None) -> FaultStats:
     """Play the scenario's random workload through the faulty data path; the stats it counted."""
     driver = driver or scenario_driver(sc)
+    sc = sc.scaled()
     fs = fault_session(driver, sc.plan, budget=sc.budget)
     rng = random.Random(sc.plan.seed + 1)
     play(fs, scenario_requests(sc, rng), rng=rng, p_abort=sc.p_abort, reset_every=sc.reset_every,

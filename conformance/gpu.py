@@ -862,8 +862,7 @@ class EmulatedVllmWorker:
         )
         cpu_blocks = cpu_spec.block_ids
         n_ops = sum(
-            int(n) * len(r)
-            for n, r in zip(device_ptrs.group_block_counts, self.refs, strict=True)
+            int(n) * len(r) for n, r in zip(device_ptrs.group_block_counts, self.refs, strict=True)
         )
         all_src = np.zeros(n_ops, dtype=np.int64)
         all_dst = np.zeros(n_ops, dtype=np.int64)

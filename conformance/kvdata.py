@@ -223,8 +223,7 @@ def _unpadded_page_bytes(spec: Any) -> int:
     if isinstance(spec, V.MambaSpec):
         return int(dataclasses.replace(spec, page_size_padded=None).page_size_bytes)
     raise ValueError(
-        f"the synthetic runner writes attention and Mamba layers only, not "
-        f"{type(spec).__name__}"
+        f"the synthetic runner writes attention and Mamba layers only, not {type(spec).__name__}"
     )
 
 

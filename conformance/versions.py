@@ -95,8 +95,9 @@ CHANGES: tuple[Change, ...] = (
             "block keeps its offset inside the chunk."
         ),
         case=(
-            "fa64+sw40@16, blocks_per_chunk=2: a 160-token prompt computed in 64-token prefill "
-            "chunks; the store of chunk 3 finds its first block already freed."
+            "fa64+sw40@16, blocks_per_chunk=2, dense retention, 8 CPU chunks, 64-token steps: "
+            "two 600-token prompts sharing 300 tokens; a store that could not allocate is "
+            "retried after the window freed its chunk's first block."
         ),
         intended=(
             "0.34.0: the chunk layout is positional (sub-slot j holds block j of the chunk); "
@@ -133,5 +134,50 @@ CHANGES: tuple[Change, ...] = (
         ),
         case="full@16, blocks_per_chunk=4: a request stores, then reset_prefix_cache(reset_connector=True) twice.",
         intended="0.34.0: a reset must be idempotent.",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class UnmeasuredChange:
+    """A 0.33.0 -> 0.34.0 change in the offloading code that no lane reaches yet, and why."""
+
+    id: str
+    change: str
+    why_not_measured: str
+
+
+UNMEASURED: tuple[UnmeasuredChange, ...] = (
+    UnmeasuredChange(
+        "eagle-drop-with-lookahead-hashes",
+        "0.34.0 drops an EAGLE/MTP group's trailing chunk (store and load) only with legacy "
+        "hashes; with lookahead block hashes (num_hash_lookahead_tokens > 0) it is kept.",
+        "Lookahead needs a speculative config; the driver's engines have none, so every trace "
+        "runs legacy hashes and both releases drop the chunk (the plan lane's EAGLE cases agree).",
+    ),
+    UnmeasuredChange(
+        "finished-before-prefill-clamp",
+        "0.34.0 stores a finished request only up to its computed tokens "
+        "(min(num_computed_tokens, ...)); 0.33.0 assumed the prompt was computed.",
+        "Only a request finished by an error mid-prefill differs; the driver finishes requests "
+        "by length or abort (aborts were already clamped). The reference applies the clamp.",
+    ),
+    UnmeasuredChange(
+        "shared-prefix-junction",
+        "0.34.0 pins a shared-prefix junction at the full-attention hit boundary when a "
+        "windowed group cut an offloaded hit (retention > 0), as the GPU prefix cache does.",
+        "The recorder reads shared_prefix_boundary from vLLM's request, so the reference "
+        "replays whatever vLLM set; no case compares the junction itself.",
+    ),
+    UnmeasuredChange(
+        "store-threshold-counts-once-per-request",
+        "0.34.0's CPU manager counts a key toward store_threshold once per request.",
+        "An eviction-policy detail of vLLM's manager; the plan lane replays its capacity "
+        "decisions (ReplayedEvictionStore) and no case sets store_threshold.",
+    ),
+    UnmeasuredChange(
+        "partial-tail-anchor",
+        "0.34.0 anchors Mamba partial-tail lookups at the full-attention hit boundary.",
+        "The reference refuses partial-tail chunkings (UnsupportedChunking), as on 0.33.0.",
     ),
 )

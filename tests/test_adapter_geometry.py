@@ -435,10 +435,7 @@ def test_retention_and_policy(retention: int | None) -> None:
     kv = CATALOGUE["mixed_full64_swa16"]()
     vc = engine_config(kv, {"offload_prompt_only": False}, retention=retention)
     assert retention_interval_from(vc) == retention
-    try:
-        policy = policy_from(vc)
-    except ImportError as e:  # reference.plan's own dependencies may still be landing
-        pytest.skip(f"reference.plan not importable: {e}")
+    policy = policy_from(vc)
     assert policy.retention_interval == retention
     assert policy.offload_prompt_only is False
     assert policy.prefix_caching is True

@@ -23,19 +23,17 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from hypothesis import HealthCheck, event, given, settings  # noqa: E402
+from hypothesis import event, given, settings  # noqa: E402
 
 from conformance import faults as FA  # noqa: E402
-from vllm_adapter import fixtures as F  # noqa: E402
+from conformance.strategies import SLOW_EXAMPLE_CHECKS  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
-_FUZZ = settings(suppress_health_check=list(HealthCheck), deadline=None)
+_FUZZ = settings(suppress_health_check=SLOW_EXAMPLE_CHECKS, deadline=None)
 
 
 def _target(name: str) -> FA.ConfigTarget:
-    if name not in F.fixture_names():
-        pytest.skip(f"fixture {name} not generated")
     return FA.config_target(name)
 
 
@@ -113,7 +111,7 @@ needs_cli = pytest.mark.skipif(
 
 
 @needs_cli
-@settings(suppress_health_check=list(HealthCheck), deadline=None, max_examples=40)
+@settings(suppress_health_check=SLOW_EXAMPLE_CHECKS, deadline=None, max_examples=40)
 @given(case=FA.cli_cases())
 def test_cli_resolves_as_the_reference_or_exits_2_with_one_line(
     case: tuple[str, list[str], dict[str, str]]
@@ -147,7 +145,7 @@ def test_strategy_draws_every_input_class() -> None:
     """The fuzzer reaches strings, floats, bools, nesting, both knobs and unknown keys."""
     seen: set[str] = set()
 
-    @settings(max_examples=300, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=300, database=None, suppress_health_check=SLOW_EXAMPLE_CHECKS)
     @given(extra=FA.extra_configs())
     def collect(extra: dict[str, Any]) -> None:
         for key in ("block_size", "blocks_per_chunk"):

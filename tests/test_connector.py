@@ -408,17 +408,8 @@ REAL = [
 
 
 def _load_real(name: str) -> tuple[Any, Any]:
-    try:
-        fx = importlib.import_module("vllm_adapter.fixtures")
-    except ImportError as e:
-        pytest.skip(f"vllm_adapter.fixtures not available: {e}")
-    for attr in ("load_fixture", "rebuild_kv_cache_config", "make_vllm_config", "build_scheduler"):
-        if not hasattr(fx, attr):
-            pytest.skip(f"vllm_adapter.fixtures has no {attr}")
-    try:
-        return fx, fx.load_fixture(name)
-    except FileNotFoundError:
-        pytest.skip(f"fixture {name} not generated yet")
+    fx = importlib.import_module("vllm_adapter.fixtures")
+    return fx, fx.load_fixture(name)
 
 
 @pytest.mark.parametrize(("name", "blocks"), REAL)

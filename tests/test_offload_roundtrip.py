@@ -129,7 +129,9 @@ class ByteLedger:
     never_stored: list[tuple[int, int]] = field(default_factory=list)
 
 
-def _group_blocks(runner: SyntheticModelRunner, worker: Any, gpu_side: Any) -> list[tuple[int, list[int]]]:
+def _group_blocks(
+    runner: SyntheticModelRunner, worker: Any, gpu_side: Any
+) -> list[tuple[int, list[int]]]:
     """``(group id, block ids)`` per offloaded group of a job's GPU side (group-major).
 
     ``gpu_side`` is what the worker's ``submit_*`` got (a ``GPULoadStoreSpec``

@@ -11,7 +11,6 @@ job as vLLM's connector worker passes it (``vllm_api.worker_gpu_arg``): the
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 from typing import Any
 
@@ -205,9 +204,7 @@ def _device_pointers_or_skip() -> None:
         )
 
 
-@pytest.mark.parametrize(
-    ("bpc", "ids", "sizes", "firsts", "chunks"), [*JOBS, NULL_JOB], ids=str
-)
+@pytest.mark.parametrize(("bpc", "ids", "sizes", "firsts", "chunks"), [*JOBS, NULL_JOB], ids=str)
 def test_gpu_blocks_inverts_vllms_device_pointers(
     bpc: int, ids: list[int], sizes: list[int], firsts: list[int], chunks: list[int]
 ) -> None:
@@ -256,7 +253,9 @@ def test_gpu_blocks_takes_the_spec_itself() -> None:
     with pytest.raises(TypeError, match="GPULoadStoreSpec"):
         V.gpu_blocks(V.CPULoadStoreSpec([1]), kv)
     arg = V.worker_gpu_arg(V.GPULoadStoreSpec(ids, group_sizes=sizes, block_indices=firsts), kv)
-    assert isinstance(arg, V.DevicePointers if V.WORKER_TAKES_DEVICE_POINTERS else V.GPULoadStoreSpec)
+    assert isinstance(
+        arg, V.DevicePointers if V.WORKER_TAKES_DEVICE_POINTERS else V.GPULoadStoreSpec
+    )
 
 
 def test_worker_copies_null_placeholders_where_vllm_does() -> None:
@@ -287,7 +286,8 @@ def test_worker_copies_null_placeholders_where_vllm_does() -> None:
         at = layout.sub_slot_offset(0, 0, j)
         assert torch.equal(worker.pool[2, at : at + 80], views[0][0, :80])
     (result,) = worker.get_finished()
-    assert result.transfer_size == 10 * (80 + 64)  # placeholders count, as vLLM's worker counts them
+    # Placeholders count, as vLLM's worker counts them (group_size * page bytes per ref).
+    assert result.transfer_size == 10 * (80 + 64)
 
     before, pool_before = buf.clone(), worker.pool.clone()
     with pytest.raises(ValueError, match="more than once"):

@@ -136,7 +136,7 @@ def test_gpu_transfer(
 
     def candidate(_: Any) -> None:
         job_id = next(counter)
-        src, dst = job.specs()
+        src, dst = job.specs(setup["kv"])  # DevicePointers on 0.34.0, as vLLM passes them
         submit = worker.submit_store if direction == "store" else worker.submit_load
         assert submit(job_id, src, dst)
         worker.wait({job_id})

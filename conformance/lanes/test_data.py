@@ -186,6 +186,88 @@ def test_synthetic_loads_carry_the_stored_bytes(case: SyntheticCase, record_prop
 
 
 # ---------------------------------------------------------------------------
+# Null blocks inside stored window chunks
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.data
+def test_null_blocks_in_store_jobs_keep_every_block_where_its_load_reads_it(
+    monkeypatch: pytest.MonkeyPatch, record_property: Any
+) -> None:
+    """A window chunk stored after its first block left the window still loads the right bytes.
+
+    FA64 + SW40@16, blocks_per_chunk 2, sparse retention, 8 CPU chunks: the
+    small tier makes stores fail to allocate and be retried steps later, by
+    which time the 40-token window has freed the first block of some chunks.
+    vLLM 0.34.0 sends that null block (id 0) in the store job as a placeholder
+    (the scheduler's ``_build_store_jobs``: "Keep null pages inside the chunk as
+    placeholders"), so the reference worker copies the null page into its
+    sub-slot and every other block keeps its offset; 0.33.0 leaves null blocks
+    out of the job (``reference.plan.NullBlockRule.SKIP``), so block 0 never
+    reaches the worker.  Either way every loaded block must hold its expected
+    bytes and nothing else may change (the lane's usual checks); on 0.34.0 the
+    case must also load from a chunk whose store carried a placeholder.
+    """
+    from conformance.versions import rules_for
+    from reference.plan import NullBlockRule
+    from vllm_adapter import spec as S
+    from vllm_adapter import vllm_api as V
+
+    record_property("fixture", "synthetic-full-swa")
+    record_property("knob", "blocks_per_chunk=2, window 40, retention=None, 8 CPU chunks")
+    null_slots: set[int] = set()
+    seen = {"null_store_jobs": 0, "loads_from_null_chunks": 0}
+    real_store, real_load = (
+        S.ReferenceOffloadingWorker.submit_store,
+        S.ReferenceOffloadingWorker.submit_load,
+    )
+
+    def submit_store(self: Any, job_id: int, src: Any, dst: Any) -> bool:
+        gpu = self.gpu_blocks(src)
+        slots = [int(c) for c in dst.block_ids]
+        null_slots.difference_update(slots)
+        if (gpu.block_ids == 0).any():
+            seen["null_store_jobs"] += 1
+            cursor = slot_cursor = 0
+            for n, first, b in zip(
+                gpu.group_sizes, gpu.block_indices, self.layout.blocks_per_chunk, strict=True
+            ):
+                skip = first % b
+                for k in range(n):
+                    if gpu.block_ids[cursor + k] == 0:
+                        null_slots.add(slots[slot_cursor + (k + skip) // b])
+                cursor += n
+                slot_cursor += -(-(n + skip) // b) if n else 0
+        return real_store(self, job_id, src, dst)
+
+    def submit_load(self: Any, job_id: int, src: Any, dst: Any, expedited: bool = False) -> bool:
+        seen["loads_from_null_chunks"] += len(null_slots & {int(c) for c in src.block_ids})
+        return real_load(self, job_id, src, dst, expedited)
+
+    monkeypatch.setattr(S.ReferenceOffloadingWorker, "submit_store", submit_store)
+    monkeypatch.setattr(S.ReferenceOffloadingWorker, "submit_load", submit_load)
+    driver = D.VllmDriver.from_kv_cache_config(
+        D.full_swa_kv_cache_config(64, 16, 40, num_blocks=160),
+        extra_config={**REFERENCE_SPEC, "blocks_per_chunk": 2},
+        prefix_cache_retention_interval=None,
+        num_gpu_blocks=160,
+        num_cpu_chunks=8,
+    )
+    stats = run_workload(driver, prompt_len=600, budget=64)
+    for key, value in seen.items():
+        record_property(f"counter:{key}", value)
+    record_and_check(stats, record_property)
+    summary = f"{seen}; {stats.describe()}"
+    if rules_for(V.VLLM_VERSION).policy.null_blocks_in_store is NullBlockRule.PLACEHOLDER:
+        assert seen["null_store_jobs"] > 0, f"no store job carried a null block: {summary}"
+        assert seen["loads_from_null_chunks"] > 0, (
+            f"no load read a chunk stored with a null placeholder: {summary}"
+        )
+    else:
+        assert seen["null_store_jobs"] == 0, f"this release should leave null blocks out: {summary}"
+
+
+# ---------------------------------------------------------------------------
 # Real-model fixtures
 # ---------------------------------------------------------------------------
 
@@ -205,24 +287,11 @@ FIXTURES = [
 ]
 
 
-def _fixture_available(name: str) -> None:
-    try:
-        from vllm_adapter import fixtures as fx
-    except ImportError as e:  # pragma: no cover - depends on the checkout
-        pytest.skip(f"vllm_adapter.fixtures not importable: {e}")
-    for attr in ("load_fixture", "rebuild_kv_cache_config", "make_vllm_config"):
-        if not hasattr(fx, attr):
-            pytest.skip(f"vllm_adapter.fixtures has no {attr}")
-    if name not in fx.fixture_names():
-        pytest.skip(f"fixture {name} not generated")
-
-
 @pytest.mark.data
 @pytest.mark.parametrize("case", FIXTURES, ids=str)
 def test_fixture_loads_carry_the_stored_bytes(case: FixtureCase, record_property: Any) -> None:
     record_property("fixture", case.fixture)
     record_property("knob", case.knob)
-    _fixture_available(case.fixture)
     stats = run_workload(
         case.driver(), prompt_len=case.workload_prompt_len, budget=case.workload_budget
     )

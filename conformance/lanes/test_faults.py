@@ -157,7 +157,7 @@ SCENARIOS = [
                      P(seed=1, max_delay=2, p_store_lost=0.2, p_load_fail=0.35, p_rank_partial=0.8),
                      blocks_per_chunk=1, num_gpu_blocks=224, num_cpu_chunks=96, num_requests=12,
                      num_docs=2, doc_len=200, spacing=5, budget=256, reset_every=4,
-                     p_connector_reset=0.2),
+                     p_connector_reset=0.2, block_tokens_base=16),
     FA.FaultScenario("rank-partial", "deepseek-v4-flash-tp4",
                      P(seed=1, max_delay=2, p_store_lost=0.2, p_load_fail=0.35,
                        p_rank_partial=0.8),

@@ -1,4 +1,4 @@
-"""gpu_copy lane (CUDA only): vLLM 0.33.0's CUDA copy path vs the reference copies, byte for byte.
+"""gpu_copy lane (CUDA only): vLLM's CUDA copy path vs the reference copies, byte for byte.
 
 On the same CUDA KV tensors (allocated by vLLM's ``allocate_kv_cache`` for a
 fixture's worker-view ``KVCacheConfig``, shrunk; canonical tensors built by
@@ -10,7 +10,9 @@ vLLM's own ``register_kv_caches``):
   pinned CPU tensors;
 * :class:`vllm_adapter.spec.ReferenceOffloadingWorker` (reference gather/scatter).
 
-Both get identical store/load specs: the jobs vLLM's scheduler dispatched for a
+Both get identical store/load jobs, with the GPU side as vLLM's connector worker
+passes it (the ``GPULoadStoreSpec`` on 0.33.0, ``DevicePointers`` resolved over
+the shared canonical tensors on 0.34.0): the jobs vLLM's scheduler dispatched for a
 small workload on the same geometry (recorded on CPU with
 :func:`conformance.gpu.record_jobs`; the GPU KV bytes are re-randomised at every
 recorded step), or random jobs over randomised, identical CPU tiers.  After

@@ -14,6 +14,7 @@ scheduler and connector and records vLLM's answer.  Three things must hold:
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -75,23 +76,31 @@ def last_token_cap() -> tuple[str, bool | None]:
 
 
 def null_blocks_in_store_jobs() -> tuple[str, bool | None]:
-    """Not reached through the driver: a stored chunk with a null block needs the
-    window to pass the chunk's first block before the chunk is stored, which the
-    scheduler's prompt stores never wait for (60 plan-lane examples on every
-    windowed case found none).  The switch is shown on the reference
-    (tests/test_plan.py::test_null_block_rule_keeps_chunk_offsets); here the
-    smallest candidate runs and must replay exactly."""
+    """A store that could not allocate (8 CPU chunks) is retried steps later, by which
+    time the 40-token window has freed the first block of some chunk."""
+    rng = random.Random(0)
+    p = tuple(rng.randrange(100, 30000) for _ in range(600))
+    q = p[:300] + tuple(rng.randrange(100, 30000) for _ in range(300))
     driver = D.VllmDriver.from_kv_cache_config(
-        D.full_swa_kv_cache_config(64, 16, 40),
+        D.full_swa_kv_cache_config(64, 16, 40, num_blocks=160),
         extra_config={"blocks_per_chunk": 2},
-        max_num_batched_tokens=16,
-        max_num_seqs=4,
+        prefix_cache_retention_interval=None,
+        num_gpu_blocks=160,
+        num_cpu_chunks=8,
+        max_num_batched_tokens=64,
     )
-    trace = driver.run(T.WorkloadSpec(requests=(T.RequestSpec("A", tuple(range(1000, 1160))),)))
+    trace = driver.run(
+        T.WorkloadSpec(
+            requests=(T.RequestSpec("a", p, max_tokens=3), T.RequestSpec("b", q, max_tokens=3))
+        )
+    )
     _exact(trace)
     jobs = [j.job for r in trace.of_type(T.BuildMeta) for j in r.store_jobs]
     nulls = sum(1 for j in jobs if 0 in j.block_ids)
-    return f"not reached: {len(jobs)} store job(s), {nulls} with a null block", None
+    skip = _replay_with(trace, null_blocks_in_store=NullBlockRule.SKIP)
+    keep = _replay_with(trace, null_blocks_in_store=NullBlockRule.PLACEHOLDER)
+    answer = f"{len(jobs)} store jobs, {nulls} with a null block (id 0) in the job"
+    return answer, [a for a in skip if a.call == "step"] != [a for a in keep if a.call == "step"]
 
 
 def failed_load_retry() -> tuple[str, bool | None]:
