@@ -24,28 +24,9 @@ from there on this *is* vLLM's OffloadingConnector: same scheduler, same
 worker, same CPU tier, nothing forked.  ``self.kvchunk_chunking`` holds the
 reference :class:`~reference.knobs.Chunking`.
 
-Serve (gemma-4-31B-it, TP2)::
-
-    vllm serve google/gemma-4-31B-it --tensor-parallel-size 2 \\
-        --enable-prefix-caching --no-disable-hybrid-kv-cache-manager \\
-        --kv-transfer-config '{"kv_connector": "KvchunkOffloadingConnector",
-            "kv_connector_module_path": "vllm_adapter.connector",
-            "kv_role": "kv_both",
-            "kv_connector_extra_config": {"block_size": 512,
-                "spec_name": "CPUOffloadingSpec",
-                "cpu_bytes_to_use": 26843545600, "eviction_policy": "lru"}}'
-
-Serve (DeepSeek-V4-Flash, TP4)::
-
-    vllm serve deepseek-ai/DeepSeek-V4-Flash --tensor-parallel-size 4 \\
-        --kv-cache-dtype fp8 --block-size 256 --tokenizer-mode deepseek_v4 \\
-        --enable-prefix-caching --no-disable-hybrid-kv-cache-manager \\
-        --kv-transfer-config '{"kv_connector": "KvchunkOffloadingConnector",
-            "kv_connector_module_path": "vllm_adapter.connector",
-            "kv_role": "kv_both",
-            "kv_connector_extra_config": {"block_size": 512,
-                "spec_name": "CPUOffloadingSpec",
-                "cpu_bytes_to_use": 26843545600, "eviction_policy": "lru"}}'
+The ``vllm serve`` commands for both models live in one place, README.md
+("Serving with kvchunk's connector"); ``tests/test_readme.py`` checks that their
+``--kv-transfer-config`` is valid JSON naming this class and module.
 
 (``vllm_adapter`` must be importable in the engine and worker processes, e.g.
 ``pip install -e .`` of kvchunk.)  The same JSON with ``"kv_connector":
