@@ -132,7 +132,10 @@ CHANGES: tuple[Change, ...] = (
             "Two connector resets with no scheduler step between them: 0.33.0 dies with a bare "
             "AssertionError (jobs_to_flush not empty); 0.34.0 merges the flush sets."
         ),
-        case="full@16, blocks_per_chunk=4: a request stores, then reset_prefix_cache(reset_connector=True) twice.",
+        case=(
+            "full@16, blocks_per_chunk=2, jobs reported 3 steps late: a 300-token request steps "
+            "twice (a store in flight), then reset_prefix_cache(reset_connector=True) twice."
+        ),
         intended="0.34.0: a reset must be idempotent.",
     ),
 )

@@ -168,7 +168,7 @@ def test_retention_interval_must_be_a_multiple_of_windowed_chunks() -> None:
         resolve(g, BlocksPerChunk(2), retention_interval=-1)
 
 
-# --- worked examples from ../shared/design (regression) -----------------------
+# --- worked examples from docs/semantics.md (regression) -----------------------
 
 # The two models' geometries (vLLM-derived; tests/test_fixtures.py pins the fixtures).
 from conformance.tables import DSV4_TP4, GEMMA4_TP2  # noqa: E402

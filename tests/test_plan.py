@@ -158,7 +158,7 @@ def test_partial_tail_chunkings_are_refused() -> None:
         raise AssertionError("expected UnsupportedChunking")
 
 
-# --- worked example, ../shared/design/vllm-0.33-offload-semantics.md §7 ---------
+# --- worked example, docs/semantics.md §7 ----------------------------------------
 
 FA64_SW128 = Geometry(
     (KVGroup(0, GroupKind.FULL, 64, 64), KVGroup(1, GroupKind.SLIDING_WINDOW, 16, 64, sliding_window=128)),

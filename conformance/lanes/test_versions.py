@@ -186,6 +186,8 @@ def test_every_change_has_a_case() -> None:
 
 @pytest.mark.parametrize("change", CHANGES, ids=lambda c: c.id)
 def test_change(change, record_property) -> None:  # type: ignore[no-untyped-def]
+    record_property("fixture", change.id)
+    record_property("knob", "what changed")
     answer, separates = CASES[change.id]()
     record_property(f"version_answer:{change.id}", answer)
     # None: the case is not reachable through vLLM's scheduler here (the case says why).
