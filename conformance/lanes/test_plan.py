@@ -24,7 +24,11 @@ from conformance.workloads import PlanCase, driver_for, workloads
 
 pytestmark = pytest.mark.plan
 
-_EXAMPLES = {"ci": 40, "deep": 1500, "dev": 8}.get(os.environ.get("KVCHUNK_PROFILE", "ci"), 40)
+_PROFILE = os.environ.get("KVCHUNK_PROFILE", "ci")
+_EXAMPLES = {"ci": 40, "deep": 1500, "dev": 8}.get(_PROFILE, 40)
+# The CI profile draws the same examples on every run, so what it catches (and its
+# non-vacuity counts) cannot depend on the seed; deep runs keep exploring.
+_DERANDOMIZE = _PROFILE == "ci"
 
 
 def _case(fixture: str, builder: str, args: tuple, bpc: int, retention: int | None = 0,
@@ -70,7 +74,12 @@ def test_plans_agree(case: PlanCase, backend: Backend, record_property) -> None:
     driver = driver_for(case)
     counts = {"traces": 0, "answers": 0, "loads": 0, "stores": 0}
 
-    @settings(max_examples=_EXAMPLES, suppress_health_check=SLOW_EXAMPLE_CHECKS)
+    @settings(
+        max_examples=_EXAMPLES,
+        suppress_health_check=SLOW_EXAMPLE_CHECKS,
+        derandomize=_DERANDOMIZE,
+        database=None if _DERANDOMIZE else settings.default.database,
+    )
     @given(workloads(max_len=case.max_len))
     def check(workload) -> None:  # type: ignore[no-untyped-def]
         trace = driver.run(workload)
