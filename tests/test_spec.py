@@ -135,17 +135,28 @@ JOBS = [
 ]
 
 
+_BLOCKS = 20
+
+
+def _worker_and_oracle(
+    bpc: int, seed: int
+) -> tuple[Any, Any, Any, Any, Any, torch.Tensor, torch.Generator]:
+    """Twin canonical KV caches (20 blocks) and a reference worker (8 chunks) whose pool
+    holds random bytes; the oracle pool is a copy of it.  The generator (seed
+    ``seed + 1``) that filled the pool is returned for further draws."""
+    kv, buf = _canonical(_BLOCKS, PAGES, STRIDES, REFS, seed=seed)
+    oracle_kv, oracle_buf = _canonical(_BLOCKS, PAGES, STRIDES, REFS, seed=seed)
+    worker = S.ReferenceOffloadingWorker(kv, bpc, 8)
+    gen = torch.Generator().manual_seed(seed + 1)
+    worker.pool.copy_(torch.randint(0, 256, worker.pool.shape, generator=gen, dtype=torch.uint8))
+    return kv, buf, oracle_kv, oracle_buf, worker, worker.pool.clone(), gen
+
+
 @pytest.mark.parametrize(("bpc", "ids", "sizes", "firsts", "chunks"), JOBS)
 def test_worker_copies_what_vllm_direct_layout_copies(
     bpc: int, ids: list[int], sizes: list[int], firsts: list[int], chunks: list[int]
 ) -> None:
-    num_blocks, num_chunks = 20, 8
-    kv, buf = _canonical(num_blocks, PAGES, STRIDES, REFS, seed=1)
-    oracle_kv, oracle_buf = _canonical(num_blocks, PAGES, STRIDES, REFS, seed=1)
-    worker = S.ReferenceOffloadingWorker(kv, bpc, num_chunks)
-    gen = torch.Generator().manual_seed(2)
-    worker.pool.copy_(torch.randint(0, 256, worker.pool.shape, generator=gen, dtype=torch.uint8))
-    oracle_pool = worker.pool.clone()
+    kv, buf, oracle_kv, oracle_buf, worker, oracle_pool, gen = _worker_and_oracle(bpc, seed=1)
     untouched = worker.pool.clone()
     gpu_spec = V.GPULoadStoreSpec(ids, group_sizes=sizes, block_indices=firsts)
     cpu_spec = V.CPULoadStoreSpec(chunks)
@@ -161,7 +172,7 @@ def test_worker_copies_what_vllm_direct_layout_copies(
     buf.copy_(fresh)
     oracle_buf.copy_(fresh)
     load_spec = V.GPULoadStoreSpec(
-        [num_blocks - 1 - b for b in ids], group_sizes=sizes, block_indices=firsts
+        [_BLOCKS - 1 - b for b in ids], group_sizes=sizes, block_indices=firsts
     )
     assert worker.submit_load(8, cpu_spec, V.worker_gpu_arg(load_spec, kv))
     _vllm_direct_copy(oracle_kv, oracle_pool, bpc, load_spec, chunks, store=False)
@@ -268,13 +279,7 @@ def test_worker_copies_null_placeholders_where_vllm_does() -> None:
     any write.
     """
     bpc, ids, sizes, firsts, chunks = NULL_JOB
-    num_blocks, num_chunks = 20, 8
-    kv, buf = _canonical(num_blocks, PAGES, STRIDES, REFS, seed=5)
-    oracle_kv, _ = _canonical(num_blocks, PAGES, STRIDES, REFS, seed=5)
-    worker = S.ReferenceOffloadingWorker(kv, bpc, num_chunks)
-    gen = torch.Generator().manual_seed(6)
-    worker.pool.copy_(torch.randint(0, 256, worker.pool.shape, generator=gen, dtype=torch.uint8))
-    oracle_pool = worker.pool.clone()
+    kv, buf, oracle_kv, _, worker, oracle_pool, _ = _worker_and_oracle(bpc, seed=5)
     spec = V.GPULoadStoreSpec(ids, group_sizes=sizes, block_indices=firsts)
     assert worker.submit_store(3, V.worker_gpu_arg(spec, kv), V.CPULoadStoreSpec(chunks))
     _vllm_direct_copy(oracle_kv, oracle_pool, bpc, spec, chunks, store=True)
