@@ -1,6 +1,6 @@
 """Deliberately wrong backends: the suite must fail on them (meta lane).
 
-Each mutant is a planner factory, usable as ``--backend conformance.mutants:NAME``.
+Each mutant is a planner factory, usable as ``--backend conformance.mutants.planner:NAME``.
 """
 
 from __future__ import annotations
