@@ -110,12 +110,18 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff everywhere, mypy --strict on the reference."""
+    """ruff everywhere; mypy --strict on the reference, default strictness on the rest.
+
+    The adapter and the suite are checked at mypy's default strictness (the ratchet
+    starts there: no error today), with vLLM and other untyped dependencies skipped
+    (``[tool.mypy]`` overrides in pyproject.toml).
+    """
     _install(session, VLLM_VERSIONS[-1])
     session.run(
         "ruff", "check", "reference", "vllm_adapter", "conformance", "tests", "scripts", "noxfile.py"
     )
     session.run("mypy", "--strict", "reference")
+    session.run("mypy", "vllm_adapter", "conformance")
 
 
 @nox.session(python=PYTHON, venv_backend="uv")

@@ -25,6 +25,7 @@ import pytest
 
 from conformance.report import ConformanceReport
 from conformance.versions import CHANGES, RELEASES, UNMEASURED, rules_for
+from vllm_adapter.render import render_table
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORTS = ROOT / "reports"
@@ -41,16 +42,13 @@ def _deviations_section() -> str:
     from conformance import deviations
 
     rows = [
-        f"| {d.id} | {d.kind} | {d.lane} | {', '.join(d.cases) or '-'} | "
-        f"{' '.join(d.reproduction.split())} |"
+        (d.id, d.kind, d.lane, ", ".join(d.cases) or "-", " ".join(d.reproduction.split()))
         for d in deviations.load("vllm")
     ]
     path = deviations.path_for("vllm").relative_to(ROOT)
+    table = render_table(("id", "kind", "lane", "cases", "minimal reproduction"), rows)
     return (
-        f"\n## Known deviations ({path}; strict xfails where a case is named)\n\n"
-        "| id | kind | lane | cases | minimal reproduction |\n|---|---|---|---|---|\n"
-        + "\n".join(rows)
-        + "\n"
+        f"\n## Known deviations ({path}; strict xfails where a case is named)\n\n{table}\n"
     )
 
 
@@ -63,12 +61,18 @@ def what_changed(answers: dict[str, dict[str, str]]) -> str:
     versions = sorted(answers, key=_version_key)
     if not versions:
         return ""
-    head = "| change | rule | minimal case | " + " | ".join(f"vLLM {v}" for v in versions)
-    head += " | intended |\n|---|---|---|" + "---|" * len(versions) + "---|\n"
-    rows = []
-    for c in CHANGES:
-        cells = [answers[v].get(c.id, "(not run)") for v in versions]
-        rows.append(f"| `{c.id}` | {c.rule} | {c.case} | " + " | ".join(cells) + f" | {c.intended} |")
+    changes = render_table(
+        ("change", "rule", "minimal case", *(f"vLLM {v}" for v in versions), "intended"),
+        [
+            (f"`{c.id}`", c.rule, c.case,
+             *(answers[v].get(c.id, "(not run)") for v in versions), c.intended)
+            for c in CHANGES
+        ],
+    )
+    unmeasured = render_table(
+        ("change", "what changed", "why not measured"),
+        [(f"`{u.id}`", u.change, u.why_not_measured) for u in UNMEASURED],
+    )
     policies = "\n".join(
         f"* vLLM {v}: `{rules_for(v).policy.last_token.value}` last-token rule, "
         f"`{rules_for(v).policy.null_blocks_in_store.value}` null blocks, "
@@ -81,11 +85,9 @@ def what_changed(answers: dict[str, dict[str, str]]) -> str:
         "recorded by `conformance/lanes/test_versions.py` from `reports/versions-<release>.json`. "
         "The reference replays every trace with the release's switches "
         "(`conformance/versions.py`):\n\n"
-        f"{policies}\n\n{head}" + "\n".join(rows) + "\n\n"
+        f"{policies}\n\n{changes}\n\n"
         "Changes in the offloading code that no lane reaches yet:\n\n"
-        "| change | what changed | why not measured |\n|---|---|---|\n"
-        + "\n".join(f"| `{u.id}` | {u.change} | {u.why_not_measured} |" for u in UNMEASURED)
-        + "\n"
+        f"{unmeasured}\n"
     )
 
 

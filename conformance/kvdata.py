@@ -1,7 +1,7 @@
 """A synthetic model runner: deterministic KV bytes through vLLM's real worker path.
 
 :class:`SyntheticModelRunner` owns the worker's paged KV cache and plays the
-GPU model runner's part for :class:`conformance.vllm_driver.DriverSession`
+GPU model runner's part for :class:`conformance.driver.DriverSession`
 (``session(model_runner=...)``):
 
 * **Allocation** as the runner would for the worker-view ``KVCacheConfig``:
@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from vllm_adapter import vllm_api as V
+from vllm_adapter.names import KVCHUNK_CONNECTOR, STOCK_CONNECTOR, connector_module
 
 __all__ = [
     "REFERENCE_SPEC",
@@ -589,23 +590,26 @@ def fixture_driver(
     *,
     num_gpu_blocks: int,
     num_cpu_chunks: int,
-    connector: str = "OffloadingConnector",
+    connector: str = STOCK_CONNECTOR,
     connector_module_path: str | None = None,
     max_num_batched_tokens: int | None = None,
+    spec: dict[str, Any] | None = None,
 ) -> Any:
-    """A :class:`~conformance.vllm_driver.VllmDriver` for a stored model fixture, shrunk.
+    """A :class:`~conformance.driver.VllmDriver` for a stored model fixture, shrunk.
 
     The fixture's engine config (``vllm_adapter.fixtures.make_vllm_config``)
     with the :data:`REFERENCE_SPEC` spec and ``num_cpu_chunks`` CPU chunks
     added to ``extra_config``, ``num_gpu_blocks`` GPU blocks (KV tensors
     re-planned by vLLM for that size, scheduler and worker views alike) and
-    synchronous scheduling (the driver keeps one batch in flight).
+    synchronous scheduling (the driver keeps one batch in flight).  ``spec``:
+    other spec entries (e.g. the tiered lane's) replacing :data:`REFERENCE_SPEC`.
     """
-    from conformance import vllm_driver as D
+    from conformance import driver as D
     from vllm_adapter import fixtures as fx
 
     data = fx.load_fixture(name)
-    extra = {**extra_config, **REFERENCE_SPEC, "num_cpu_chunks": num_cpu_chunks}
+    extra = {**extra_config, **(REFERENCE_SPEC if spec is None else spec)}
+    extra["num_cpu_chunks"] = num_cpu_chunks
     vllm_config = fx.make_vllm_config(
         data, extra, connector=connector, connector_module_path=connector_module_path
     )
@@ -626,8 +630,6 @@ def fixture_driver(
     return D.VllmDriver(scheduler, vllm_config, worker_kv_cache_config=worker)
 
 
-KVCHUNK_CONNECTOR = "KvchunkOffloadingConnector"
-KVCHUNK_MODULE = "vllm_adapter.connector"
 
 
 @dataclass(frozen=True)
@@ -676,7 +678,7 @@ class FixtureCase:
 
     @property
     def connector(self) -> str:
-        return KVCHUNK_CONNECTOR if self.kvchunk else "OffloadingConnector"
+        return KVCHUNK_CONNECTOR if self.kvchunk else STOCK_CONNECTOR
 
     @property
     def knob(self) -> str:
@@ -694,5 +696,5 @@ class FixtureCase:
             num_gpu_blocks=self.num_gpu_blocks,
             num_cpu_chunks=self.num_cpu_chunks,
             connector=self.connector,
-            connector_module_path=KVCHUNK_MODULE if self.kvchunk else None,
+            connector_module_path=connector_module(self.connector),
         )

@@ -20,16 +20,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     from hypothesis import HealthCheck, settings
 
-    common = dict(
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                               HealthCheck.filter_too_much],
-        print_blob=True,
-        derandomize=False,
-    )
-    settings.register_profile("ci", max_examples=200, **common)
-    settings.register_profile("deep", max_examples=3000, **common)
-    settings.register_profile("dev", max_examples=20, **common)
+    checks = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+    for name, examples in (("ci", 200), ("deep", 3000), ("dev", 20)):
+        settings.register_profile(name, max_examples=examples, deadline=None,
+                                  suppress_health_check=checks, print_blob=True,
+                                  derandomize=False)
     settings.load_profile(os.environ.get("KVCHUNK_PROFILE", "ci"))
     for lane in ("config", "plan", "data", "gpu_copy", "e2e", "faults", "meta"):
         config.addinivalue_line("markers", f"{lane}: conformance lane {lane}")

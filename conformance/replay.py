@@ -227,7 +227,8 @@ class Divergence:
         lines.append(f"  reference: {self.expected.describe() if self.expected else '(none)'}")
         lines.append(f"  backend:   {self.actual.describe() if self.actual else '(none)'}")
         if trace is not None:
-            step = (self.expected or self.actual).step if (self.expected or self.actual) else 0
+            first = self.expected or self.actual
+            step = first.step if first is not None else 0
             lines.append("trace up to that step:")
             lines.extend("  " + line for line in trace.format().splitlines() if _step_of(line) <= step)
         return "\n".join(lines)

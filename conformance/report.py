@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from vllm_adapter.render import render_table
+
 LANES = ("config", "plan", "data", "gpu_copy", "e2e", "faults", "versions", "meta")
 
 
@@ -48,6 +50,11 @@ class ConformanceReport:
         self.counters: dict[str, int] = defaultdict(int)
         self.version_answers: dict[str, str] = {}
         """``version_answer:<change id>`` properties: this release's answer per change."""
+        self.mutations: list[tuple[str, str, str, str]] = []
+        """Meta lane: (mutant, bug class, caught by, seconds) per mutant test."""
+        self.mutation_score: str | None = None
+        self.file_tier: dict[tuple[str, str], dict[str, Any]] = {}
+        """Tiered lanes: (fixture, knob) -> ``counter:files_*`` / ``bytes_per_file:g<i>`` values."""
         self.started = time.monotonic()
 
     @staticmethod
@@ -80,12 +87,25 @@ class ConformanceReport:
                     cell.reasons.add(str(report.longrepr[2]).removeprefix("Skipped: ")[:160])
             cell.seconds += report.duration
             self.lane_seconds[str(lane)] += report.duration
+            if "mutant" in props:
+                self.mutations.append((str(props["mutant"]), str(props.get("bug_class", "-")),
+                                       str(props.get("caught_by", "-")),
+                                       str(props.get("seconds", "-"))))
+            if "mutation_score" in props:
+                outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+                self.mutation_score = f"{props['mutation_score']} ({outcome})"
+            files = {
+                k: v for k, v in props.items()
+                if k.startswith(("bytes_per_file:", "counter:files_", "files_written:", "files_read:"))
+            }
+            if files:
+                self.file_tier[(key[0], key[1])] = files
             for name, value in props.items():
                 if name.startswith("counter:") and isinstance(value, int):
                     self.counters[name.removeprefix("counter:")] += value
                 elif name.startswith("version_answer:"):
-                    outcome = "" if report.outcome == "passed" else f" (test {report.outcome})"
-                    self.version_answers[name.removeprefix("version_answer:")] = f"{value}{outcome}"
+                    suffix = "" if report.outcome == "passed" else f" (test {report.outcome})"
+                    self.version_answers[name.removeprefix("version_answer:")] = f"{value}{suffix}"
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -98,16 +118,14 @@ class ConformanceReport:
                     item.user_properties.append((attr, str(getattr(value, attr))))
 
     def table(self) -> str:
-        lines = [
-            "| fixture | knob | lane | result |",
-            "|---|---|---|---|",
-        ]
         order = {lane: i for i, lane in enumerate(LANES)}
-        for (fixture, knob, lane), cell in sorted(
-            self.cells.items(), key=lambda kv: (order.get(kv[0][2], 99), kv[0][0], kv[0][1])
-        ):
-            lines.append(f"| {fixture} | {knob} | {lane} | {cell.status()} |")
-        return "\n".join(lines)
+        rows = [
+            (fixture, knob, lane, cell.status())
+            for (fixture, knob, lane), cell in sorted(
+                self.cells.items(), key=lambda kv: (order.get(kv[0][2], 99), kv[0][0], kv[0][1])
+            )
+        ]
+        return render_table(("fixture", "knob", "lane", "result"), rows)
 
     def reliability(self) -> str:
         """The Reliability table: every number is a counter the suite recorded (faults lane)."""
@@ -164,23 +182,61 @@ class ConformanceReport:
                 ("load trace: RSS growth after warm-up (KiB)", get("load_trace_rss_growth_kib"),
                  "load_trace_rss_growth_kib"),
             ]
-        body = "\n".join(f"| {what} | {value} | `{src}` |" for what, value, src in rows)
-        return f"| measure | value | counter |\n|---|---|---|\n{body}"
+        return render_table(
+            ("measure", "value", "counter"), [(what, value, f"`{src}`") for what, value, src in rows]
+        )
+
+    def mutation_section(self) -> str:
+        """Meta lane: which check caught each mutant, and the score (empty when not run)."""
+        if not self.mutations:
+            return ""
+        from vllm_adapter.render import render_table
+
+        table = render_table(("mutant", "bug class", "caught by (lane::test)", "seconds"),
+                             sorted(self.mutations, key=lambda row: (row[1], row[0])))
+        score = self.mutation_score or "not computed (test_mutation_score did not run)"
+        return f"{table}\n\nScore (caught / non-equivalent mutants): {score}"
+
+    def file_tier_section(self) -> str:
+        """Tiered lanes: files written and read, per group, and bytes per file, per case."""
+        if not self.file_tier:
+            return ""
+
+        def per_group(props: dict[str, Any], prefix: str) -> str:
+            items = sorted((k.removeprefix(prefix), v) for k, v in props.items()
+                           if k.startswith(prefix))
+            return " ".join(f"{g}:{v}" for g, v in items) or "-"
+
+        rows = [
+            (fixture, knob, props.get("counter:files_written", "-"),
+             per_group(props, "files_written:"), props.get("counter:files_read", "-"),
+             per_group(props, "files_read:"), per_group(props, "bytes_per_file:"))
+            for (fixture, knob), props in sorted(self.file_tier.items())
+        ]
+        return render_table(("fixture", "knob", "files written", "per group", "files read",
+                             "per group", "bytes per file"), rows)
 
     def write(self, path: Path, header: str) -> str:
-        timing = "\n".join(
-            f"| {lane} | {secs:.1f} |" for lane, secs in sorted(self.lane_seconds.items())
+        timing = render_table(
+            ("lane", "seconds"),
+            [(lane, f"{secs:.1f}") for lane, secs in sorted(self.lane_seconds.items())],
         )
-        counters = "\n".join(f"| {k} | {v} |" for k, v in sorted(self.counters.items()))
+        counters = render_table(("counter", "value"), sorted(self.counters.items()))
         text = (
             f"# kvchunk conformance report\n\n{header}\n\n## Results\n\n{self.table()}\n\n"
-            f"## Lane timings (s)\n\n| lane | seconds |\n|---|---|\n{timing}\n"
+            f"## Lane timings (s)\n\n{timing}\n"
         )
         reliability = self.reliability()
         if reliability:
             text += f"\n## Reliability (counted by the suite)\n\n{reliability}\n"
-        if counters:
-            text += f"\n## Counters (counted by the suite)\n\n| counter | value |\n|---|---|\n{counters}\n"
+        mutation = self.mutation_section()
+        if mutation:
+            text += f"\n## Mutation score\n\n{mutation}\n"
+        file_tier = self.file_tier_section()
+        if file_tier:
+            text += f"\n## File tier (tiered lanes)\n\n{file_tier}\n"
+        if self.counters:
+            text += f"\n## Counters (counted by the suite)\n\n{counters}\n"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         return text

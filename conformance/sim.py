@@ -136,11 +136,20 @@ class SimEngine:
     # -- jobs -------------------------------------------------------------
 
     def _slots(self, keys: Sequence[bytes]) -> list[int]:
-        return [self.store.slot_of(k) for k in keys]
+        slots = [self.store.slot_of(k) for k in keys]
+        missing = [k for k, s in zip(keys, slots, strict=True) if s is None]
+        if missing:
+            raise KeyError(f"chunks not in the store: {missing!r}")
+        return [s for s in slots if s is not None]
+
+    @property
+    def _pool(self) -> torch.Tensor:
+        assert self.store.pool is not None, "the simulator's store owns its pool"
+        return self.store.pool
 
     def _run_store(self, job_id: int, job: StoreJob, fail: bool) -> None:
         gather(
-            self.layout, self.gpu, self.store.pool, job.block_ids, job.group_sizes,
+            self.layout, self.gpu, self._pool, job.block_ids, job.group_sizes,
             job.block_indices, self._slots(job.keys),
         )
         if fail:
@@ -175,7 +184,7 @@ class SimEngine:
         load = self.planner.allocated(req_id, blocks, hit)
         if load is not None:
             scatter(
-                self.layout, self.gpu, self.store.pool, load.block_ids, load.group_sizes,
+                self.layout, self.gpu, self._pool, load.block_ids, load.group_sizes,
                 load.block_indices, self._slots(load.keys),
             )
             req.loaded = load

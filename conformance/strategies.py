@@ -21,6 +21,14 @@ SLOW_EXAMPLE_CHECKS = (HealthCheck.too_slow, HealthCheck.data_too_large)
 steps (slow by design) and workloads draw long prompts (large by design)."""
 
 TOKENS_PER_BLOCK = (4, 8, 16, 32, 64)
+EXAMPLE_WINDOWS = (40, 100, 128, 300)
+"""Windows real models use, drawn as explicit examples next to arbitrary ones."""
+
+
+def windows(max_tokens: int = 600) -> st.SearchStrategy[int]:
+    """A sliding window or attention chunk: the example windows, or any size (every
+    residue modulo any chunk span occurs)."""
+    return st.one_of(st.sampled_from(EXAMPLE_WINDOWS), st.integers(1, max_tokens))
 
 
 @st.composite
@@ -30,10 +38,10 @@ def groups(draw: st.DrawFn, index: int, kinds: tuple[GroupKind, ...] | None = No
     window = chunk = None
     extra = 0
     if kind is GroupKind.SLIDING_WINDOW:
-        window = draw(st.integers(1, 600))
+        window = draw(windows())
         extra = draw(st.sampled_from((0, 0, 0, draw(st.integers(1, 64)))))
     if kind is GroupKind.CHUNKED_LOCAL:
-        chunk = draw(st.integers(1, 512))
+        chunk = draw(windows(512))
     return KVGroup(
         index=index,
         kind=kind,

@@ -15,7 +15,12 @@ from reference.geometry import Geometry, GroupKind, KVGroup
 from reference.keys import split_key
 from reference.knobs import BlockSize, resolve
 from reference.plan import Policy
+from vllm_adapter.render import render_table
 
+COLUMNS = (
+    "group", "kind", "tokens/block", "blocks/chunk", "tokens/chunk", "window (chunks)",
+    "indices of chunks stored", "indices of chunks reloaded",
+)
 GEMMA4_TP2 = Geometry(
     tuple(KVGroup(i, GroupKind.SLIDING_WINDOW, 16, sliding_window=1024) for i in range(5))
     + (KVGroup(5, GroupKind.FULL, 32),),
@@ -72,25 +77,20 @@ def table(geometry: Geometry, tokens: int = 5000, block_size: int = 512) -> str:
     hashes = prefix_block_hashes(prompt, chunking.tokens_per_hash)
     loaded = set(req.loaded.keys) if req.loaded else set()
     hit = req.loaded.hit_tokens if req.loaded else 0
-    lines = [
-        f"**{geometry.name}**, `block_size: {block_size}`, {tokens}-token prompt: "
-        f"reload hit = {hit} tokens.",
-        "",
-        "| group | kind | tokens/block | blocks/chunk | tokens/chunk | window (chunks) | indices of chunks stored | indices of chunks reloaded |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for gc in chunking.groups:
         keys = group_keys(hashes, gc)
         s = sorted(keys.index(k) for k in stored[gc.group.index])  # type: ignore[arg-type]
         r = sorted(i for i, k in enumerate(keys) if k in loaded)
         g = gc.group
         kind = g.kind.value + (f" {g.sliding_window}" if g.sliding_window else "")
-        lines.append(
-            f"| {g.index} | {kind} | {g.tokens_per_block} | {gc.blocks_per_chunk} | "
-            f"{gc.tokens_per_chunk} | {gc.window_in_chunks if gc.window_in_chunks is not None else '-'} | "
-            f"{_ranges(s)} | {_ranges(r)} |"
-        )
-    return "\n".join(lines)
+        window = gc.window_in_chunks if gc.window_in_chunks is not None else "-"
+        rows.append((g.index, kind, g.tokens_per_block, gc.blocks_per_chunk, gc.tokens_per_chunk,
+                     window, _ranges(s), _ranges(r)))
+    return (
+        f"**{geometry.name}**, `block_size: {block_size}`, {tokens}-token prompt: "
+        f"reload hit = {hit} tokens.\n\n" + render_table(COLUMNS, rows, "markdown")
+    )
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ and the jobs it produced -- plus the configuration it ran under.  The reference
 planner replays the records in order and must produce the same jobs.
 
 Nothing here imports vLLM: the records are plain frozen dataclasses of ints,
-strings, bytes and :mod:`reference.jobs` jobs.  :mod:`conformance.vllm_driver`
+strings, bytes and :mod:`reference.jobs` jobs.  :mod:`conformance.driver`
 produces them; :class:`WorkloadSpec` is what it is asked to run.
 
 Record order is call order.  Every record carries ``step``, the driver step
@@ -19,7 +19,7 @@ its position among the run's jobs.  A cache reset does not restart it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -463,24 +463,6 @@ def short_hash(h: bytes) -> str:
     return h[:4].hex()
 
 
-def _keys(keys: Sequence[bytes], limit: int = 12) -> str:
-    shown = [short_key(k) for k in keys[:limit]]
-    if len(keys) > limit:
-        shown.append(f"... +{len(keys) - limit}")
-    return "[" + " ".join(shown) + "]"
-
-
-def _ints(xs: Sequence[int], limit: int = 24) -> str:
-    shown = [str(x) for x in xs[:limit]]
-    if len(xs) > limit:
-        shown.append(f"... +{len(xs) - limit}")
-    return "[" + ",".join(shown) + "]"
-
-
-def _spec(block_ids: Sequence[int], group_sizes: Sequence[int], block_indices: Sequence[int]) -> str:
-    return f"blocks {_ints(block_ids)} sizes {list(group_sizes)} idx {list(block_indices)}"
-
-
 @dataclass(frozen=True)
 class Trace:
     """One run: its config, workload and the ordered connector calls."""
@@ -527,124 +509,16 @@ class Trace:
     # -- readable form -----------------------------------------------------
 
     def format(self, records: Iterable[Record] | None = None, *, verbose: bool = False) -> str:
-        """A human-readable listing for failure reports.
+        """A human-readable listing for failure reports (:mod:`conformance.trace_format`).
 
         One line per record (plus one per job), prefixed by the step.  Keys
         read ``g<group>:<first 4 bytes of the hash>``.  ``verbose`` adds the
         per-request lines of every ``BuildMeta``.
         """
-        lines = [f"config: {self.config.describe()}"]
-        if self.notes:
-            lines += [f"note: {n}" for n in self.notes]
-        for r in self.records if records is None else records:
-            lines.extend(format_record(r, verbose=verbose))
-        lines.append(f"({len(self.records)} records, {self.num_steps} steps)")
-        return "\n".join(lines)
+        from conformance.trace_format import format_trace  # it imports this module
+
+        return format_trace(self, records, verbose=verbose)
 
     def __str__(self) -> str:
         return self.format()
 
-
-def format_record(r: Record, *, verbose: bool = False) -> list[str]:
-    p = f"[{r.step:>3}] "
-    if isinstance(r, NewRequest):
-        params = f" params {dict(r.kv_transfer_params)}" if r.kv_transfer_params else ""
-        return [f"{p}new      {r.req_id}: {r.num_prompt_tokens} prompt tokens{params}"]
-    if isinstance(r, Lookup):
-        cap = f" cap {r.max_num_new_tokens}" if r.max_num_new_tokens is not None else ""
-        skip = " skip-read" if r.skip_reading_prefix_cache else ""
-        misses = [m for m in r.manager_lookups if m.result != "hit"]
-        tail = ""
-        if r.manager_lookups:
-            tail = f" ({len(r.manager_lookups)} key lookups"
-            if misses:
-                tail += ", not hit: " + " ".join(f"{short_key(m.key)}={m.result}" for m in misses[:6])
-                if len(misses) > 6:
-                    tail += f" ... +{len(misses) - 6}"
-            tail += ")"
-        return [
-            f"{p}lookup   {r.req_id}: N={r.num_tokens} P={r.num_prompt_tokens} "
-            f"hashes={len(r.block_hashes)} C={r.computed_tokens}{cap}{skip} "
-            f"-> hit {r.hit_tokens} async={r.load_async}{tail}"
-        ]
-    if isinstance(r, Alloc):
-        sizes = "/".join(
-            f"{sum(not b.is_null for b in g)}+{sum(b.is_null for b in g)}null" for g in r.blocks
-        )
-        out = [f"{p}alloc    {r.req_id}: ext {r.num_external_tokens}, blocks per group {sizes}"]
-        if r.load is not None:
-            j = r.load.job
-            out.append(
-                f"{p}  LOAD  job {r.load.job_id} {j.req_id}: C={j.computed_tokens} hit={j.hit_tokens} "
-                f"keys {_keys(j.keys)} -> {_spec(j.block_ids, j.group_sizes, j.block_indices)}"
-                + (" sync" if r.load.sync else "")
-            )
-        return out
-    if isinstance(r, BuildMeta):
-        sched = " ".join(
-            f"{s.req_id}+{s.num_scheduled_tokens}" if s.scheduled else f"{s.req_id}(fin)"
-            for s in r.scheduled
-        )
-        extra = []
-        if r.finished_req_ids:
-            extra.append(f"finished {list(r.finished_req_ids)}")
-        if r.preempted_req_ids:
-            extra.append(f"preempted {list(r.preempted_req_ids)}")
-        if r.load_job_ids:
-            extra.append(f"loads {list(r.load_job_ids)}")
-        if r.jobs_to_flush:
-            extra.append(f"flush {list(r.jobs_to_flush)}")
-        if r.boundary_handoffs:
-            extra.append(
-                "handoffs "
-                + " ".join(
-                    f"{h.req_id}:g{h.group_index}@{h.boundary_tokens}->b{h.block_id}"
-                    for h in r.boundary_handoffs
-                )
-            )
-        out = [f"{p}meta     [{sched}]" + (" " + "; ".join(extra) if extra else "")]
-        if verbose:
-            for s in r.scheduled:
-                nb = (
-                    "none"
-                    if s.new_block_ids is None
-                    else "/".join(_ints(g, 8) for g in s.new_block_ids)
-                )
-                out.append(
-                    f"{p}  req {s.req_id}: {s.status} C={s.num_computed_tokens} "
-                    f"+{s.num_scheduled_tokens} N={s.num_tokens} P={s.num_prompt_tokens} "
-                    f"hashes={len(s.block_hashes)} spb={s.shared_prefix_boundary} "
-                    f"{'full' if s.is_full_table else 'new'} blocks {nb}"
-                )
-            for o in r.store_offers:
-                acc = "refused" if o.accepted is None else _keys(o.accepted)
-                out.append(f"{p}  offer {o.req_id}: {_keys(o.offered)} -> {acc}")
-        for sj in r.store_jobs:
-            j = sj.job
-            kind = "" if sj.kind == "chunks" else f" ({sj.kind})"
-            out.append(
-                f"{p}  STORE job {sj.job_id} {j.req_id}{kind}: keys {_keys(j.keys)} <- "
-                f"{_spec(j.block_ids, j.group_sizes, j.block_indices)}"
-            )
-        return out
-    if isinstance(r, JobsDone):
-        done = " ".join(
-            f"{d.job_id}{'' if d.success else '(FAILED)'}{'' if d.count == 1 else f'x{d.count}'}"
-            for d in r.done
-        )
-        extra = f" recving {list(r.finished_recving)}" if r.finished_recving else ""
-        extra += f" failed {list(r.failed_recving)}" if r.failed_recving else ""
-        return [f"{p}done     jobs [{done}]{extra}"]
-    if isinstance(r, RequestFinished):
-        return [
-            f"{p}finished {r.req_id}: {r.status} C={r.num_computed_tokens} N={r.num_tokens} "
-            f"hashes={len(r.block_hashes)}"
-        ]
-    if isinstance(r, ResetPrefixCache):
-        what = "gpu+connector" if r.reset_connector else "gpu"
-        run = " preempting running" if r.reset_running_requests else ""
-        return [
-            f"{p}reset    {what}{run}: {'ok' if r.success else 'FAILED'}"
-            f"{' (connector reset)' if r.connector_reset else ''}"
-        ]
-    return [f"{p}{r!r}"]

@@ -33,7 +33,7 @@ class PlanCase:
 
 @lru_cache(maxsize=64)
 def driver_for(case: PlanCase) -> Any:
-    from conformance import vllm_driver as D
+    from conformance import driver as D
 
     if case.builder == "fixture":
         from conformance.kvdata import fixture_driver

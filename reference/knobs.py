@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reference.geometry import Geometry, GroupKind, KVGroup
-from reference.mathutil import cdiv
+from reference.rules import window_in_chunks
 
 BLOCKS_PER_CHUNK = "blocks_per_chunk"
 BLOCK_SIZE = "block_size"
@@ -78,24 +78,8 @@ class GroupChunking:
     tokens_per_chunk: int
     hashes_per_chunk: int
     window_in_chunks: int | None
-    """Chunks a hit needs at the end of a prefix; ``None`` for full attention."""
-
-    def load_window_in_chunks(self, num_tokens: int) -> int | None:
-        """Chunks a hit ending at ``num_tokens`` must hold.
-
-        A sliding window ending at an unaligned token may reach one chunk
-        further left than ``window_in_chunks``.
-        """
-        window = self.window_in_chunks
-        g = self.group
-        if g.kind is GroupKind.SLIDING_WINDOW:
-            assert window is not None and g.sliding_window is not None
-            padding = -num_tokens % self.tokens_per_chunk
-            window = max(
-                window,
-                cdiv(g.sliding_window - 1 + g.extra_retained_tokens + padding, self.tokens_per_chunk),
-            )
-        return window
+    """Chunks a hit needs at the end of a prefix; ``None`` for full attention
+    (:func:`reference.rules.window_in_chunks` at an aligned end)."""
 
 
 @dataclass(frozen=True)
@@ -276,22 +260,6 @@ def knob_name(knob: Knob) -> str:
 def smallest_valid_blocks_per_chunk(group: KVGroup, tokens_per_hash: int) -> int:
     """The least B for which the group's chunk ends on a hash boundary."""
     return math.lcm(group.tokens_per_block, tokens_per_hash) // group.tokens_per_block
-
-
-def window_in_chunks(group: KVGroup, tokens_per_chunk: int) -> int | None:
-    """vLLM's ``get_sliding_window_size_in_chunks`` for one group."""
-    if group.kind is GroupKind.SLIDING_WINDOW:
-        assert group.sliding_window is not None
-        return max(
-            cdiv(group.sliding_window, tokens_per_chunk),
-            cdiv(group.sliding_window - 1 + group.extra_retained_tokens, tokens_per_chunk),
-        )
-    if group.kind is GroupKind.CHUNKED_LOCAL:
-        assert group.attention_chunk_size is not None
-        return cdiv(group.attention_chunk_size, tokens_per_chunk)
-    if group.kind in (GroupKind.MAMBA, GroupKind.MAMBA_ALIGN):
-        return 1
-    return None
 
 
 def resolve(

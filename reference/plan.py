@@ -11,10 +11,11 @@ conformance protocol):
 ``job_done``     a worker finished a job (stores become visible on success).
 ``reset``        the offload cache is reset.
 
-Every rule is written once, as a small function or method, in the order of
-the semantics page: request state (S), lookup (L), load (D), store (T).
-Blocks per chunk is per group throughout; with one value for all groups each
-rule is vLLM 0.33.0's.
+The rules themselves are stated once in :mod:`reference.rules`; this module
+applies them in the engine's order and keeps the engine details that module's
+docstring lists (deferral across steps, vLLM's incremental lookup, re-offered
+chunks, nulled reused blocks).  Blocks per chunk is per group throughout; with
+one value for all groups each rule is vLLM 0.33.0's.
 """
 
 from __future__ import annotations
@@ -27,28 +28,25 @@ from typing import Protocol
 from reference.geometry import GroupKind
 from reference.jobs import LoadJob, StoreJob
 from reference.keys import boundary_key, group_keys
-from reference.knobs import Chunking, GroupChunking, supports_partial_tail
+from reference.knobs import Chunking, supports_partial_tail
 from reference.mathutil import cdiv, round_down
+from reference.rules import LastTokenRule as LastTokenRule  # re-exported: Policy's type
+from reference.rules import (
+    StoreState,
+    computed_after_step,
+    hit_limit,
+    offered_under_prompt_horizon,
+    offloadable_tokens,
+    reconsider_from,
+    storable_chunk_count,
+    storable_chunks,
+    window_in_chunks,
+)
 from reference.store import LookupResult, StorePlan
 
 # ---------------------------------------------------------------------------
 # Inputs
 # ---------------------------------------------------------------------------
-
-
-class LastTokenRule(Enum):
-    """How "the last token is always recomputed" (windowed groups) bounds a hit.
-
-    The rule's intent: the request's final token must be computed, so a hit may
-    end at most at ``num_tokens - 1``.  A tighter cap (the step's token budget,
-    ``max_load_tokens``) is already a legal end and must not lose a token too.
-    """
-
-    REQUEST_END = "request_end"
-    """Intended (vLLM 0.34.0): ``limit = min(num_tokens - 1, caps...)``."""
-    AFTER_CAPS = "after_caps"
-    """vLLM 0.33.0: ``limit = min(num_tokens, caps...) - 1``: a hit bounded by a cap
-    loses one token, and with it (``round_down`` to a chunk) a whole chunk."""
 
 
 class NullBlockRule(Enum):
@@ -185,86 +183,6 @@ def _update_keys(chunking: Chunking, req: _Request) -> None:
 
 
 # ---------------------------------------------------------------------------
-# (T) Store masks: which blocks can ever serve a hit
-# ---------------------------------------------------------------------------
-
-
-def sliding_window_blocks_for_hit(window: int, tokens_per_block: int, eagle: bool) -> int:
-    """Contiguous blocks a sliding-window hit needs at a boundary (+1 to peek for EAGLE)."""
-    return cdiv(window - 1, tokens_per_block) + (1 if eagle else 0)
-
-
-def reachable_block_mask(
-    gc: GroupChunking,
-    start_block: int,
-    end_block: int,
-    alignment_tokens: int | None,
-    retention_interval: int | None,
-    reachable_boundaries: Sequence[int],
-    final_segment_end_block: int | None,
-) -> list[bool] | None:
-    """Per-block reachability over ``[start_block, end_block)``; None = all reachable.
-
-    Full attention and chunked-local: every block.  Sliding window: the
-    ``need`` blocks before each segment boundary (segments are the alignment
-    span when dense, the retention interval when sparse), the final segment's
-    tail, and the tail before each reachable boundary.  Mamba (non-align):
-    one state per segment plus one per reachable boundary.
-    """
-    g = gc.group
-    tpb = g.tokens_per_block
-    if g.kind is GroupKind.SLIDING_WINDOW:
-        assert g.sliding_window is not None
-        if alignment_tokens is None or alignment_tokens % tpb:
-            return None  # the mask is block-granular; fall back to dense
-        window = g.sliding_window + g.extra_retained_tokens
-        need = sliding_window_blocks_for_hit(window, tpb, g.is_eagle)
-        shift = 1 if g.is_eagle else 0
-        mask = [False] * (end_block - start_block)
-        segment = (
-            alignment_tokens
-            if retention_interval is None
-            else (None if retention_interval == 0 else retention_interval)
-        )
-        if segment is not None:
-            per_segment = segment // tpb
-            if need >= per_segment:
-                return None
-            for i in range(start_block, end_block):
-                if i >= shift and (i - shift) % per_segment >= per_segment - need:
-                    mask[i - start_block] = True
-            if final_segment_end_block is not None and not g.is_eagle:
-                tail = final_segment_end_block % per_segment
-                if tail:
-                    lo = max(final_segment_end_block - tail, final_segment_end_block - need)
-                    for i in range(max(start_block, lo), min(end_block, final_segment_end_block)):
-                        mask[i - start_block] = True
-        if retention_interval is not None:
-            for boundary in reachable_boundaries:
-                end = round_down(boundary, alignment_tokens) // tpb + shift
-                for j in range(max(start_block, end - need), min(end_block, end)):
-                    mask[j - start_block] = True
-        return mask
-    if g.kind is GroupKind.MAMBA:
-        if retention_interval is None or alignment_tokens is None:
-            return None
-        mask = [False] * (end_block - start_block)
-        if retention_interval:
-            per_segment = retention_interval // tpb
-            if per_segment <= 1:
-                return None
-            first = (start_block + per_segment) // per_segment * per_segment - 1
-            for i in range(first - start_block, len(mask), per_segment):
-                mask[i] = True
-        for boundary in reachable_boundaries:
-            block = round_down(boundary, alignment_tokens) // tpb - 1
-            if start_block <= block < end_block:
-                mask[block - start_block] = True
-        return mask
-    return None
-
-
-# ---------------------------------------------------------------------------
 # The planner
 # ---------------------------------------------------------------------------
 
@@ -386,22 +304,14 @@ class Planner:
                 return None if pending else idx + required
         return None if pending else run
 
+    # Kept whole: it mirrors vLLM's incremental loop step by step (reference.rules.hit states it).
     def _lookup_complete_chunks(self, req: _Request, max_num_new_tokens: int | None) -> int | None:
         groups = self.chunking.groups
         computed = req.computed_tokens
-        last_token = self.policy.last_token
-        limit = req.num_tokens
-        if self._windowed and last_token is LastTokenRule.REQUEST_END:
-            limit -= 1  # the last token is always recomputed
-        if max_num_new_tokens is not None:
-            limit = min(limit, computed + max_num_new_tokens)
-        if req.max_load_tokens is not None:
-            limit = min(limit, computed + req.max_load_tokens)
-        if self._windowed:
-            if last_token is LastTokenRule.AFTER_CAPS:
-                limit -= 1
-            if self.chunking.mamba_align_tokens is not None:
-                limit = round_down(limit, self.chunking.mamba_align_tokens)
+        limit = hit_limit(
+            req.num_tokens, computed, (max_num_new_tokens, req.max_load_tokens),
+            bool(self._windowed), self.policy.last_token, self.chunking.mamba_align_tokens,
+        )
 
         hit, defer = 0, False
         todo: tuple[int, ...] = self._lookup_order
@@ -427,7 +337,7 @@ class Planner:
                     found = self._prefix_run(window_keys)
                 else:
                     candidate_end = min(limit, (num_chunks - int(eagle)) * tpc)
-                    initial = gc.load_window_in_chunks(candidate_end)
+                    initial = window_in_chunks(gc.group, tpc, candidate_end)
                     assert initial is not None
                     found = self._window_run(
                         window_keys, gc.window_in_chunks + int(eagle), initial + int(eagle)
@@ -459,7 +369,7 @@ class Planner:
         if self._being_loaded:
             end = computed + hit
             for gc, state in zip(groups, req.groups, strict=True):
-                window = gc.load_window_in_chunks(end)
+                window = window_in_chunks(gc.group, gc.tokens_per_chunk, end)
                 keys = state.keys[computed // gc.tokens_per_chunk : cdiv(end, gc.tokens_per_chunk)]
                 if window is not None:
                     keys = keys[-window:]
@@ -608,20 +518,17 @@ class Planner:
                         state.block_ids[j] = 0
 
     def _offloadable(self, req: _Request, num_tokens: int) -> int:
-        n = min(num_tokens, req.num_tokens)
-        if req.max_offload_tokens is not None:
-            n = min(n, req.max_offload_tokens)
-        if self.policy.offload_prompt_only:
-            n = min(n, req.num_prompt_tokens)
-        return n
+        return offloadable_tokens(
+            num_tokens, req.num_tokens, req.num_prompt_tokens, req.max_offload_tokens,
+            self.policy.offload_prompt_only,
+        )
 
     def _storable_chunks(self, req: _Request, i: int, offloadable: int) -> int:
-        """Complete chunks that are allocated, keyed, and (EAGLE, decoding) not the last."""
         gc, state = self.chunking.groups[i], req.groups[i]
-        n = offloadable // gc.tokens_per_chunk
-        if gc.group.is_eagle and offloadable > req.num_prompt_tokens and not req.finished:
-            n = max(0, n - 1)
-        return min(n, len(state.block_ids) // gc.blocks_per_chunk, len(state.keys))
+        return storable_chunk_count(
+            gc, offloadable, req.num_prompt_tokens, req.finished, len(state.block_ids),
+            len(state.keys),
+        )
 
     def _advance(self, req: _Request, offloadable: int) -> None:
         for i, state in enumerate(req.groups):
@@ -629,31 +536,17 @@ class Planner:
                 state.next_stored_chunk, self._storable_chunks(req, i, offloadable)
             )
 
-    def _final_tail_alignment_blocks(self, gc: GroupChunking) -> int | None:
-        a = self.chunking.alignment_tokens
-        g = gc.group
-        if a is None or g.is_eagle or g.kind is not GroupKind.SLIDING_WINDOW:
-            return None
-        if a % g.tokens_per_block:
-            return None
-        return a // g.tokens_per_block
-
     def _store_job(self, info: ScheduledRequest) -> tuple[int, StoreJob] | None:
         req = self._requests[info.req_id]
         self._refresh(req, info)
-        if info.is_aborted:
-            after = info.num_computed_tokens
-        elif info.is_finished:
-            # The final sampled token's slot is never committed, and a request that
-            # finished before its prefill completed computed only part of its prompt.
-            after = min(
-                info.num_computed_tokens, max(info.num_prompt_tokens, info.num_tokens - 1)
-            )
-        else:
-            after = info.num_computed_tokens + info.num_scheduled_tokens
+        after = computed_after_step(
+            info.num_computed_tokens, info.num_scheduled_tokens, info.num_prompt_tokens,
+            info.num_tokens, info.is_finished, info.is_aborted,
+        )
         offloadable = self._offloadable(req, after)
         prompt_offloadable = self._offloadable(req, req.num_prompt_tokens)
         retention = self.policy.retention_interval
+        alignment = self.chunking.alignment_tokens
         boundaries: tuple[int, ...] = ()
         if retention is not None:
             boundaries = (req.num_prompt_tokens - 1,)
@@ -663,58 +556,28 @@ class Planner:
         offered: list[bytes] = []
         ranges: list[tuple[int, int]] = []
         for i, (gc, state) in enumerate(zip(self.chunking.groups, req.groups, strict=True)):
-            bpc = gc.blocks_per_chunk
             num_chunks = self._storable_chunks(req, i, offloadable)
+            prompt_chunks = prompt_offloadable // gc.tokens_per_chunk
             start = state.next_stored_chunk
-            prompt_horizon = prompt_offloadable // gc.tokens_per_chunk
-            tail_blocks = self._final_tail_alignment_blocks(gc)
-            reconsider = (
-                req.finished
-                and num_chunks != prompt_horizon
-                and retention is None
-                and tail_blocks is not None
+            again = reconsider_from(
+                gc, num_chunks, prompt_chunks, req.finished, retention, alignment
             )
-            horizon: int | None
-            if retention is not None or gc.group.is_eagle:
-                horizon = None
-            elif req.finished:
-                horizon = num_chunks
-            elif num_chunks <= prompt_horizon:
-                horizon = prompt_horizon
-            else:
-                horizon = None  # a decode frontier is not a final boundary
-            if reconsider:
-                assert tail_blocks is not None
-                end_block = num_chunks * bpc
-                start = min(start, (end_block - end_block % tail_blocks) // bpc)
+            if again is not None:
+                start = min(start, again)
             ranges.append((start, num_chunks))
             if gc.group.kind is GroupKind.MAMBA_ALIGN or num_chunks <= start:
                 continue
-            mask = self._mask(gc, start, num_chunks, horizon, boundaries)
-            prompt_mask = (
-                self._mask(gc, start, num_chunks, prompt_horizon, boundaries)
-                if reconsider
-                else None
+            view = StoreState(
+                tuple(state.block_ids), len(state.keys), offloadable, prompt_offloadable,
+                req.num_prompt_tokens, req.finished, boundaries,
             )
-            for k in range(start, num_chunks):
-                chunk = state.block_ids[k * bpc : (k + 1) * bpc]
-                local = slice((k - start) * bpc, (k - start + 1) * bpc)
-                if chunk[-1] == 0:
-                    continue  # the chunk's last block must be present
-                if (
-                    reconsider
-                    and k < state.next_stored_chunk
-                    and (prompt_mask is None or any(prompt_mask[local]))
-                ):
-                    continue  # already considered under the prompt horizon
-                if mask is not None and not any(mask[local]):
-                    continue  # no block of the chunk can serve a hit
-                if any(
-                    b == 0 and (mask is None or m)
-                    for b, m in zip(chunk, mask[local] if mask else [True] * bpc, strict=True)
-                ):
-                    continue  # a reachable null block would leave the chunk partly unwritten
-                offered.append(state.keys[k])
+            chunks = storable_chunks(gc, view, start, alignment, retention)
+            if again is not None:  # engine detail: chunks offered before are not re-offered
+                seen = offered_under_prompt_horizon(
+                    gc, view, start, state.next_stored_chunk, alignment, retention
+                )
+                chunks = tuple(k for k in chunks if k not in seen)
+            offered.extend(state.keys[k] for k in chunks)
 
         if not offered:
             self._advance(req, offloadable)
@@ -725,7 +588,13 @@ class Planner:
         if not plan.keys_to_store:
             self._advance(req, offloadable)
             return None
-        to_store = set(plan.keys_to_store)
+        return self._store_job_of(req, offered, set(plan.keys_to_store), ranges)
+
+    def _store_job_of(
+        self, req: _Request, offered: Sequence[bytes], to_store: set[bytes],
+        ranges: Sequence[tuple[int, int]],
+    ) -> tuple[int, StoreJob]:
+        """The job for the offered keys the store accepted: blocks group-major."""
         placeholders = self.policy.null_blocks_in_store is NullBlockRule.PLACEHOLDER
         block_ids: list[int] = []
         group_sizes: list[int] = []
@@ -758,25 +627,6 @@ class Planner:
             block_ids=tuple(block_ids),
             group_sizes=tuple(group_sizes),
             block_indices=tuple(block_indices),
-        )
-
-    def _mask(
-        self,
-        gc: GroupChunking,
-        start_chunk: int,
-        end_chunk: int,
-        horizon_chunks: int | None,
-        boundaries: Sequence[int],
-    ) -> list[bool] | None:
-        bpc = gc.blocks_per_chunk
-        return reachable_block_mask(
-            gc,
-            start_chunk * bpc,
-            end_chunk * bpc,
-            self.chunking.alignment_tokens,
-            self.policy.retention_interval,
-            boundaries,
-            horizon_chunks * bpc if horizon_chunks is not None else None,
         )
 
     def _boundary_store_jobs(

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import io
 import json
@@ -27,7 +28,9 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from vllm_adapter.cli import main
+from vllm_adapter.cli import main, parse_bytes
+from vllm_adapter.cli.render import human_bytes
+from vllm_adapter.render import render_table
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / "vllm_adapter" / "models"
@@ -344,6 +347,56 @@ def test_model_dir_errors(tmp_path: Path) -> None:
     assert_one_line_error(*run(["--model", str(tmp_path), "-tp", "1"]), "names no 'architectures'")
 
 
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("26843545600", 26843545600),
+        ("25GiB", 25 * 1024**3),
+        ("25 gib", 25 * 1024**3),
+        ("16MiB", 16 * 1024**2),
+        ("1KB", 1000),
+        ("1kib", 1024),
+        ("1.5GB", 1_500_000_000),
+        ("0.5KiB", 512),
+        ("1TB", 10**12),
+        ("0.29MB", 290_000),  # exact: pydantic's float would give 289999
+    ],
+)
+def test_byte_counts_decimal_and_binary_units(text: str, value: int) -> None:
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["1_0", "+64", "-1", "1e3", "25G", "8bit", "1 GiB x", "1.5B", "0"])
+def test_byte_counts_pydantic_would_take_are_refused(text: str) -> None:
+    """``ByteSize`` takes ``1_0``, ``+64``, ``25G`` (decimal), bit units, trailing junk and
+    truncates ``1.5B``; the CLI does not."""
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_bytes(text)
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [(None, "-"), (1023, "1023 B"), (1024, "1 KiB"), (17038080, "16.25 MiB"), (25 << 30, "25 GiB")],
+)
+def test_human_bytes(n: int | None, text: str) -> None:
+    assert human_bytes(n) == text
+
+
+def test_render_table_text_and_markdown() -> None:
+    rows = [("0", "sliding 1024", "51.20"), ("10", "full", "-")]
+    assert render_table(("group", "kind", "x"), rows, "text", align=("right", "left", "right")) == (
+        "group  kind              x\n"
+        "    0  sliding 1024  51.20\n"
+        "   10  full              -"
+    )
+    md = render_table(("group", "kind"), [("0", "full")], "markdown").splitlines()
+    header, rule, row = ([c.strip() for c in line.strip("|").split("|")] for line in md)
+    assert (header, row) == (["group", "kind"], ["0", "full"])
+    assert [set(c) for c in rule] == [{"-"}, {"-"}]
+    with pytest.raises(ValueError, match="has 1 cells, headers 2"):
+        render_table(("a", "b"), [("x",)], "text")
+
+
 def test_no_command_and_help() -> None:
     out, err = io.StringIO(), io.StringIO()
     assert main([], stdout=out, stderr=err) == 2
@@ -463,3 +516,97 @@ def test_random_argv_prints_or_fails_with_one_line(argv: list[str]) -> None:
             json.loads(out)
     else:
         assert_one_line_error(rc, out, err)
+
+
+# ---------------------------------------------------------------------------
+# File economics and the fs tier (TieringOffloadingSpec)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.parametrize("blocks", [1, 8])
+@pytest.mark.parametrize("model", sorted(MODELS_512))
+def test_files_per_million_tokens_follow_the_fixture_geometry(model: str, blocks: int) -> None:
+    from vllm_adapter import fixtures as fx
+
+    flags, fixture, _, _ = models_512(model)
+    d = doc([*flags, "--blocks-per-chunk", str(blocks), "--cpu-bytes", str(CPU_BYTES)])
+    stored = fx.load_fixture(fixture)["resolved"]["groups"]
+    # One file per chunk per group: a group whose chunk holds tokens_per_block x B tokens
+    # writes 10**6 / (tokens_per_block x B) files per million tokens.
+    expected = [1e6 / (g["tokens_per_block"] * blocks) for g in stored]
+    got = [g["files_per_million_tokens"] for g in d["groups"]]
+    assert got == pytest.approx(expected, abs=0.01)
+    assert d["files"]["files_per_million_tokens"] == pytest.approx(sum(expected), abs=0.01)
+    # Each file is one CPU slot: copies x bytes per block x B, rounded up to 4 KiB.
+    copies = 1 if model == "dsv4" else 2
+    raw = copies * fixture_bytes_per_block(fixture) * blocks
+    assert d["files"]["file_bytes"] == -(-raw // 4096) * 4096
+    assert d["files"]["fs_tier"] is None
+    rc, out, err = run([*flags, "--blocks-per-chunk", str(blocks)])
+    assert rc == 0 and "files per million tokens" in out and "files/1M tokens" in out, err
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_chunk_bytes_states_the_files_of_the_chosen_knob() -> None:
+    from vllm_adapter import fixtures as fx
+
+    d = doc([*DSV4, "--chunk-bytes", "8MiB"])
+    per_block = fixture_bytes_per_block("deepseek-v4-flash-tp4")
+    blocks = -(-(8 << 20) // per_block)  # the smallest B reaching 8 MiB per worker
+    assert d["knob"]["blocks_per_chunk"] == blocks
+    stored = fx.load_fixture("deepseek-v4-flash-tp4")["resolved"]["groups"]
+    total = sum(1e6 / (g["tokens_per_block"] * blocks) for g in stored)
+    assert d["files"]["files_per_million_tokens"] == pytest.approx(total, abs=0.01)
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_tiering_spec_emits_vllms_fs_secondary_tier() -> None:
+    import inspect
+
+    from vllm_adapter import vllm_api as V
+
+    d = doc(
+        [
+            *DSV4,
+            "--block-size",
+            "512",
+            "--cpu-bytes",
+            str(CPU_BYTES),
+            "--spec-name",
+            "TieringOffloadingSpec",
+            "--fs-path",
+            "/mnt/kvcache",
+            "--fs-write-threads",
+            "8",
+        ]
+    )
+    extra = d["kv_transfer_config"]["kv_connector_extra_config"]
+    assert extra == {
+        "block_size": 512,
+        "spec_name": "TieringOffloadingSpec",
+        "cpu_bytes_to_use": CPU_BYTES,
+        "secondary_tiers": [{"type": "fs", "root_dir": "/mnt/kvcache", "n_write_threads": 8}],
+    }
+    assert d["files"]["fs_tier"] == extra["secondary_tiers"][0]
+    assert d["cpu_tier"]["spec_name"] == "TieringOffloadingSpec"
+    # Every tier key but "type" is a FileSystemTierManager constructor parameter.
+    params = inspect.signature(V.FileSystemTierManager.__init__).parameters
+    assert set(extra["secondary_tiers"][0]) - {"type"} <= set(params)
+    V.KVTransferConfig(**d["kv_transfer_config"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        ([*GEMMA, "--fs-path", "/mnt/kv"], "--fs-path needs --spec-name TieringOffloadingSpec"),
+        ([*GEMMA, "--fs-read-threads", "4"], "--fs-read-threads needs --spec-name"),
+        ([*GEMMA, "--spec-name", "TieringOffloadingSpec"], "give --fs-path DIR"),
+        ([*GEMMA, "--spec-name", "Nope"], "invalid choice: 'Nope'"),
+    ],
+)
+def test_fs_tier_flag_errors_are_one_line(argv: list[str], needle: str) -> None:
+    assert_one_line_error(*run(argv), needle)

@@ -1,6 +1,6 @@
 """Config fuzzing: every kv_connector_extra_config gets the reference's resolution or a clean error.
 
-The judge is :func:`conformance.faults.check_extra_config` (see its module for
+The judge is :func:`conformance.fuzz.check_extra_config` (see its module for
 the rules): the kvchunk connector, built through vLLM's ``KVConnectorFactory``
 on each stored fixture geometry, either runs exactly what
 :func:`reference.knobs.resolve_extra_config` resolves or raises a
@@ -25,7 +25,7 @@ pytest.importorskip("vllm")
 
 from hypothesis import event, given, settings  # noqa: E402
 
-from conformance import faults as FA  # noqa: E402
+from conformance import fuzz as FZ  # noqa: E402
 from conformance.strategies import SLOW_EXAMPLE_CHECKS  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -33,25 +33,25 @@ pytestmark = pytest.mark.vllm
 _FUZZ = settings(suppress_health_check=SLOW_EXAMPLE_CHECKS, deadline=None)
 
 
-def _target(name: str) -> FA.ConfigTarget:
-    return FA.config_target(name)
+def _target(name: str) -> FZ.ConfigTarget:
+    return FZ.config_target(name)
 
 
-@pytest.mark.parametrize("fixture", FA.CONFIG_FIXTURES)
+@pytest.mark.parametrize("fixture", FZ.CONFIG_FIXTURES)
 @_FUZZ
-@given(extra=FA.extra_configs())
+@given(extra=FZ.extra_configs())
 def test_connector_resolves_as_the_reference_or_rejects_cleanly(
     fixture: str, extra: dict[str, Any]
 ) -> None:
-    verdict = FA.check_extra_config(_target(fixture), extra)
+    verdict = FZ.check_extra_config(_target(fixture), extra)
     event(f"{verdict.outcome}: {verdict.detail}"[:60])
     assert verdict.clean, f"{extra!r}: {verdict.detail}"
 
 
 @_FUZZ
-@given(extra=FA.extra_configs())
+@given(extra=FZ.extra_configs())
 def test_reference_on_a_group_smaller_than_the_hash_unit(extra: dict[str, Any]) -> None:
-    verdict = FA.check_reference_only(FA.sub_hash_geometry(), extra)
+    verdict = FZ.check_reference_only(FZ.sub_hash_geometry(), extra)
     assert verdict.clean, f"{extra!r}: {verdict.detail}"
 
 
@@ -90,7 +90,7 @@ CLASSES: list[tuple[str, dict[str, Any], str]] = [
 
 @pytest.mark.parametrize(("what", "extra", "outcome"), CLASSES, ids=[c[0] for c in CLASSES])
 def test_input_classes_on_the_mixed_hybrid(what: str, extra: dict[str, Any], outcome: str) -> None:
-    verdict = FA.check_extra_config(_target("synthetic-full-swa"), extra)
+    verdict = FZ.check_extra_config(_target("synthetic-full-swa"), extra)
     assert (verdict.outcome, verdict.clean) == (outcome, True), verdict.detail
 
 
@@ -98,11 +98,11 @@ def test_sub_hash_geometry_is_refused_by_vllm_for_every_config() -> None:
     target = _target("synthetic-sub-hash")
     assert target.geometry is None and "prefix_match_unit" in (target.geometry_error or "")
     for extra in ({}, {"blocks_per_chunk": 4}, {"block_size": 64}):
-        assert FA.check_extra_config(target, extra).outcome == "rejected"
-    geometry = FA.sub_hash_geometry()
+        assert FZ.check_extra_config(target, extra).outcome == "rejected"
+    geometry = FZ.sub_hash_geometry()
     # kvchunk's rule: the 4-token group needs chunks spanning a 16-token hash unit.
-    assert FA.check_reference_only(geometry, {"blocks_per_chunk": 2}).outcome == "rejected"
-    assert FA.check_reference_only(geometry, {"blocks_per_chunk": {"0": 4, "1": 1}}).outcome == "accepted"
+    assert FZ.check_reference_only(geometry, {"blocks_per_chunk": 2}).outcome == "rejected"
+    assert FZ.check_reference_only(geometry, {"blocks_per_chunk": {"0": 4, "1": 1}}).outcome == "accepted"
 
 
 needs_cli = pytest.mark.skipif(
@@ -112,13 +112,13 @@ needs_cli = pytest.mark.skipif(
 
 @needs_cli
 @settings(suppress_health_check=SLOW_EXAMPLE_CHECKS, deadline=None, max_examples=40)
-@given(case=FA.cli_cases())
+@given(case=FZ.cli_cases())
 def test_cli_resolves_as_the_reference_or_exits_2_with_one_line(
     case: tuple[str, list[str], dict[str, str]]
 ) -> None:
     fixture = case[0]
     _target(fixture)
-    verdict = FA.check_cli(case)
+    verdict = FZ.check_cli(case)
     assert verdict.clean, f"{case!r}: {verdict.detail}"
 
 
@@ -137,7 +137,7 @@ def test_cli_resolves_as_the_reference_or_exits_2_with_one_line(
 )
 def test_cli_cases(argv: list[str], knob: dict[str, str], outcome: str) -> None:
     _target("gemma-4-31B-it-tp2")
-    verdict = FA.check_cli(("gemma-4-31B-it-tp2", argv, knob))
+    verdict = FZ.check_cli(("gemma-4-31B-it-tp2", argv, knob))
     assert (verdict.outcome, verdict.clean) == (outcome, True), verdict.detail
 
 
@@ -146,14 +146,14 @@ def test_strategy_draws_every_input_class() -> None:
     seen: set[str] = set()
 
     @settings(max_examples=300, database=None, suppress_health_check=SLOW_EXAMPLE_CHECKS)
-    @given(extra=FA.extra_configs())
+    @given(extra=FZ.extra_configs())
     def collect(extra: dict[str, Any]) -> None:
         for key in ("block_size", "blocks_per_chunk"):
             if key in extra:
                 seen.add(type(extra[key]).__name__)
         if "block_size" in extra and "blocks_per_chunk" in extra:
             seen.add("both")
-        if set(extra) - {"block_size", "blocks_per_chunk"} - set(FA.OTHER_KEYS):
+        if set(extra) - {"block_size", "blocks_per_chunk"} - set(FZ.OTHER_KEYS):
             seen.add("unknown")
 
     collect()

@@ -36,7 +36,7 @@ RESOLVABLE = [n for n in ALL if n != "synthetic-sub-hash"]
 
 @functools.cache
 def _derived(name: str) -> Derivation:
-    return derive_live(name)
+    return derive_live(RECIPES[name])
 
 
 def _normalized(obj: object) -> object:

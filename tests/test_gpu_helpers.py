@@ -1,6 +1,6 @@
-"""CPU tests of :mod:`conformance.gpu`, the CPU side of the gpu_copy and e2e lanes.
+"""CPU tests of the CUDA lanes' CPU side: :mod:`conformance.gpu_copy`, :mod:`conformance.e2e`.
 
-vLLM's CUDA worker cannot run here; :class:`conformance.gpu.EmulatedVllmWorker`
+vLLM's CUDA worker cannot run here; ``EmulatedVllmWorker`` (``tests/emulated_worker.py``)
 stands in for it (vLLM's own descriptor code, ``memmove`` as copy engine) over
 a real ``SharedOffloadRegion`` in ``/dev/shm`` with the numbers of a real
 ``CPUOffloadingSpec``, so the differential, the layout helpers and the failure
@@ -23,7 +23,10 @@ import torch
 
 pytest.importorskip("vllm")
 
-from conformance import gpu as G  # noqa: E402
+from emulated_worker import EmulatedVllmWorker  # noqa: E402
+
+from conformance import e2e as E  # noqa: E402
+from conformance import gpu_copy as G  # noqa: E402
 from reference.transfer import TensorRef, TransferLayout, plan_copies  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -96,7 +99,7 @@ class _Rig:
             views = [region.create_next_worker_view(p * b) for p in self.pages]
         else:
             views = [torch.zeros((nc, p * b), dtype=torch.int8) for p in self.pages]
-        self.worker = G.EmulatedVllmWorker(self.kv, b, views, mmap_region=region, mutate=mutate)
+        self.worker = EmulatedVllmWorker(self.kv, b, views, mmap_region=region, mutate=mutate)
         self.tier, self.problems = G.vllm_worker_tier(self.worker, self.spec, self.pages)
         self.ref = ReferenceOffloadingWorker(self.kv, b, nc, pin_memory=False)
         self.diff = G.CopyDifferential(self.kv, self.ref, self.worker, self.tier, seed=seed)
@@ -534,11 +537,11 @@ def test_e2e_cases_keep_every_layer_kind() -> None:
     from vllm_adapter import vllm_api as V
 
     seen = set()
-    for case in G.E2E_CASES:
+    for case in E.E2E_CASES:
         seen.add(case.model_dir)
-        full = json.loads((G.MODELS_DIR / case.model_dir / "config.json").read_text())
+        full = json.loads((E.MODELS_DIR / case.model_dir / "config.json").read_text())
         mc = V.ModelConfig(
-            model=str(G.MODELS_DIR / case.model_dir),
+            model=str(E.MODELS_DIR / case.model_dir),
             skip_tokenizer_init=True,
             hf_overrides=case.overrides(),
             max_model_len=4096,
@@ -548,7 +551,7 @@ def test_e2e_cases_keep_every_layer_kind() -> None:
         assert n == case.overrides()["num_hidden_layers"] < (full.get("num_hidden_layers") or 0)
         assert hash(case)
         assert len(text.layer_types) == n
-        if case.model_dir == G.GEMMA4_TEXT:
+        if case.model_dir == E.GEMMA4_TEXT:
             assert (
                 set(text.layer_types)
                 == set(full["layer_types"])
@@ -563,10 +566,10 @@ def test_e2e_cases_keep_every_layer_kind() -> None:
             assert (
                 set(text.mlp_layer_types) == {"hash_moe", "moe"} and len(text.mlp_layer_types) == n
             )
-    assert seen == {G.GEMMA4_TEXT, G.DSV4}
-    knobs = {(c.model_dir, c.kvchunk, c.extra) for c in G.E2E_CASES}
-    assert (G.GEMMA4_TEXT, True, (("block_size", 512),)) in knobs
-    assert (G.DSV4, True, (("block_size", 512),)) in knobs
+    assert seen == {E.GEMMA4_TEXT, E.DSV4}
+    knobs = {(c.model_dir, c.kvchunk, c.extra) for c in E.E2E_CASES}
+    assert (E.GEMMA4_TEXT, True, (("block_size", 512),)) in knobs
+    assert (E.DSV4, True, (("block_size", 512),)) in knobs
     assert any(not kvchunk and extra[0][0] == "blocks_per_chunk" for _, kvchunk, extra in knobs)
 
 
@@ -576,7 +579,7 @@ def test_e2e_engine_kwargs_are_engine_args() -> None:
     from vllm_adapter import vllm_api as V
 
     names = {f.name for f in dataclasses.fields(V.EngineArgs)}
-    for case in G.E2E_CASES:
+    for case in E.E2E_CASES:
         kwargs = case.engine_kwargs(1 << 30)
         assert set(kwargs) <= names, set(kwargs) - names
         assert kwargs["load_format"] == "dummy" and kwargs["tensor_parallel_size"] == 1
@@ -604,9 +607,9 @@ def test_metric_helpers() -> None:
         NS(name="vllm:kv_offload_cpu_cache_usage_perc", value=0.5, labels={}),
         NS(name="vllm:histogram", values=[1], labels={}),
     ]
-    assert G.metric_total(metrics, "vllm:external_prefix_cache_hits") == 7
-    assert G.metric_total(metrics, "vllm:nope") is None
-    assert G.offload_byte_counters(metrics) == {"vllm:kv_offload_load_bytes": 10}
+    assert E.metric_total(metrics, "vllm:external_prefix_cache_hits") == 7
+    assert E.metric_total(metrics, "vllm:nope") is None
+    assert E.offload_byte_counters(metrics) == {"vllm:kv_offload_load_bytes": 10}
 
 
 def test_cuda_skip_reason(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -643,7 +646,7 @@ def test_gpu_lanes_collect_and_skip_with_the_reason_on_cpu() -> None:
     assert proc.returncode == 0, out[-3000:]
     from conformance.lanes.test_gpu_copy import RANDOM, RECORDED
 
-    expected = len(RECORDED) + len(RANDOM) + len(G.E2E_CASES)
+    expected = len(RECORDED) + len(RANDOM) + len(E.E2E_CASES)
     assert re.search(rf"\b{expected} skipped\b", out), out[-3000:]
     assert not re.search(r"\d+ (passed|failed|error)", out), out[-3000:]
     assert out.count("needs CUDA (torch.cuda.is_available() is False)") >= 2, out[-3000:]

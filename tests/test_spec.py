@@ -2,7 +2,7 @@
 
 The worker's copies are checked against the installed vLLM's own direct-layout
 descriptors (``SingleDirectionOffloadingHandler._fill_direct_ops`` /
-``compute_sub_block_ptrs``, run by :class:`conformance.gpu.EmulatedVllmWorker`),
+``compute_sub_block_ptrs``, run by ``EmulatedVllmWorker`` of ``tests/emulated_worker.py``),
 executed byte by byte with ``memmove`` on CPU tensors: the same pointers vLLM's
 CUDA worker would hand to ``swap_blocks``.  Both workers get the GPU side of a
 job as vLLM's connector worker passes it (``vllm_api.worker_gpu_arg``): the
@@ -20,9 +20,10 @@ import torch
 
 pytest.importorskip("vllm")
 
-from conformance import gpu as G  # noqa: E402
+from emulated_worker import EmulatedVllmWorker  # noqa: E402
+
+from conformance import driver as D  # noqa: E402
 from conformance import kvdata  # noqa: E402
-from conformance import vllm_driver as D  # noqa: E402
 from conformance.trace import RequestSpec  # noqa: E402
 from reference.transfer import TensorRef  # noqa: E402
 from vllm_adapter import spec as S  # noqa: E402
@@ -117,7 +118,7 @@ def _vllm_direct_copy(
         pool[:, layout.region_offset(0, t) : layout.region_offset(0, t) + p * bpc]
         for t, p in enumerate(layout.page_bytes)
     ]
-    oracle = G.EmulatedVllmWorker(kv, bpc, cpu)
+    oracle = EmulatedVllmWorker(kv, bpc, cpu)
     gpu_arg, cpu_spec = V.worker_gpu_arg(gpu_spec, kv), V.CPULoadStoreSpec(cpu_ids)
     if store:
         assert oracle.submit_store(0, gpu_arg, cpu_spec)

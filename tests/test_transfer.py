@@ -1,14 +1,15 @@
-"""reference.transfer: the block <-> chunk-slot byte mapping and its executors.
+"""reference.transfer (the spec): the block <-> chunk-slot byte mapping and its executors.
 
 The oracle below is the specification read literally: one Python loop per block
-and ref, byte slices, no tensor tricks.  The properties compare the vectorized
-code against it on random layouts, jobs and contents.
+and ref, byte slices, no tensor tricks.  The properties compare the spec's
+vectorized plan and its per-row gather/scatter against it on random layouts,
+jobs and contents.  The fast path (reference.transfer_fast) is compared with the
+spec byte for byte in tests/test_transfer_fast.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -16,7 +17,6 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import reference.transfer as transfer_module
 from reference.transfer import (
     TensorRef,
     TransferLayout,
@@ -176,20 +176,6 @@ def cases(draw: st.DrawFn, max_blocks_per_group: int = 12) -> Case:
     return Case(layout, job, num_blocks, num_slots, draw(st.integers(0, 2**31 - 1)))
 
 
-@contextmanager
-def batch_bytes(n: int) -> Iterator[None]:
-    """Run with the executors moving at most ``n`` bytes per batch (1: one row at a time)."""
-    saved = transfer_module.BATCH_BYTES
-    transfer_module.BATCH_BYTES = n
-    try:
-        yield
-    finally:
-        transfer_module.BATCH_BYTES = saved
-
-
-BATCHES = st.sampled_from([transfer_module.BATCH_BYTES, 1, 100, 1000])
-
-
 def random_bytes(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     return torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen)
 
@@ -255,27 +241,25 @@ def _gpu_backing_with(ts: Tensors, t: int, before: torch.Tensor, rows: torch.Ten
     return out
 
 
-@given(cases(), st.booleans(), BATCHES)
-def test_gather_writes_exactly_the_oracle_bytes(case: Case, padded: bool, batch: int) -> None:
+@given(cases(), st.booleans())
+def test_gather_writes_exactly_the_oracle_bytes(case: Case, padded: bool) -> None:
     gen = torch.Generator().manual_seed(case.seed)
     ts = make_tensors(case, gen, padded)
     expected_pool = oracle_gather(case.layout, ts.gpu, ts.pool, case.job)
     before = ts.snapshot()
-    with batch_bytes(batch):
-        gather(case.layout, ts.gpu, ts.pool, *case.job.args())
+    gather(case.layout, ts.gpu, ts.pool, *case.job.args())
     # every pool byte is the oracle's, padding around the pool view and the sources untouched
     assert torch.equal(ts.backing[-1], _pool_backing_with(ts, case, before[-1], expected_pool))
     assert all(torch.equal(a, b) for a, b in zip(ts.backing[:-1], before[:-1], strict=True))
 
 
-@given(cases(), st.booleans(), BATCHES)
-def test_scatter_writes_exactly_the_oracle_bytes(case: Case, padded: bool, batch: int) -> None:
+@given(cases(), st.booleans())
+def test_scatter_writes_exactly_the_oracle_bytes(case: Case, padded: bool) -> None:
     gen = torch.Generator().manual_seed(case.seed)
     ts = make_tensors(case, gen, padded)
     expected = oracle_scatter(case.layout, ts.gpu, ts.pool, case.job)
     before = ts.snapshot()
-    with batch_bytes(batch):
-        scatter(case.layout, ts.gpu, ts.pool, *case.job.args())
+    scatter(case.layout, ts.gpu, ts.pool, *case.job.args())
     for t, rows in enumerate(expected):
         assert torch.equal(ts.backing[t], _gpu_backing_with(ts, t, before[t], rows))
     assert torch.equal(ts.backing[-1], before[-1])
@@ -568,26 +552,25 @@ def test_ids_may_be_tensors() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "pageable"])
-@given(case=cases(), batch=BATCHES)
-def test_cuda_matches_oracle(pinned: bool, case: Case, batch: int) -> None:
+@given(case=cases())
+def test_cuda_matches_oracle(pinned: bool, case: Case) -> None:
     """Cache on the GPU; pool in pinned or pageable host memory, then on the GPU too."""
     gen = torch.Generator().manual_seed(case.seed)
     cpu = make_tensors(case, gen, padded=False)
     expected_pool = oracle_gather(case.layout, cpu.gpu, cpu.pool, case.job)
     gpu = [g.cuda() for g in cpu.gpu]
     pool = cpu.pool.pin_memory() if pinned else cpu.pool.clone()
-    with batch_bytes(batch):
-        gather(case.layout, gpu, pool, *case.job.args())
-        assert torch.equal(pool, expected_pool)
-        dst = [torch.zeros_like(g) for g in gpu]
-        scatter(case.layout, dst, pool, *case.job.args())
-        torch.cuda.synchronize()
-        zeros = [torch.zeros_like(g) for g in cpu.gpu]
-        expected = oracle_scatter(case.layout, zeros, expected_pool, case.job)
-        assert all(torch.equal(a.cpu(), b) for a, b in zip(dst, expected, strict=True))
-        pool_dev = cpu.pool.cuda()
-        gather(case.layout, gpu, pool_dev, *case.job.args())
-        assert torch.equal(pool_dev.cpu(), expected_pool)
-        dst = [torch.zeros_like(g) for g in gpu]
-        scatter(case.layout, dst, pool_dev, *case.job.args())
-        assert all(torch.equal(a.cpu(), b) for a, b in zip(dst, expected, strict=True))
+    gather(case.layout, gpu, pool, *case.job.args())
+    assert torch.equal(pool, expected_pool)
+    dst = [torch.zeros_like(g) for g in gpu]
+    scatter(case.layout, dst, pool, *case.job.args())
+    torch.cuda.synchronize()
+    zeros = [torch.zeros_like(g) for g in cpu.gpu]
+    expected = oracle_scatter(case.layout, zeros, expected_pool, case.job)
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(dst, expected, strict=True))
+    pool_dev = cpu.pool.cuda()
+    gather(case.layout, gpu, pool_dev, *case.job.args())
+    assert torch.equal(pool_dev.cpu(), expected_pool)
+    dst = [torch.zeros_like(g) for g in gpu]
+    scatter(case.layout, dst, pool_dev, *case.job.args())
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(dst, expected, strict=True))

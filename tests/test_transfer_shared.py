@@ -2,7 +2,7 @@
 
 vLLM hands the worker per-layer views that share a backing allocation:
 layer-outermost (gemma-4: equally spaced views), block-outermost (packed,
-interleaved per block) or spaced with gaps.  reference.transfer merges equally
+interleaved per block) or spaced with gaps.  reference.transfer_fast merges equally
 spaced views into one copy per chunk; this checks that path against the slow
 per-block oracle of tests/test_transfer.py, including bytes around the views.
 """
@@ -14,8 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_transfer import Job, oracle_copies, oracle_gather
 
-import reference.transfer as TM
-from reference.transfer import TensorRef, TransferLayout, gather, scatter
+import reference.transfer_fast as TM
+from reference.transfer import TensorRef, TransferLayout
+from reference.transfer_fast import gather, scatter
 
 
 @st.composite

@@ -1,7 +1,7 @@
 """The vLLM driver: vLLM 0.33.0's real scheduler + OffloadingConnector on CPU, recorded.
 
 Reproduces the worked examples of the semantics notes (§7) through
-:mod:`conformance.vllm_driver` and checks the recorded jobs against keys
+:mod:`conformance.driver` and checks the recorded jobs against keys
 computed by :mod:`reference.keys` from the request's own block hashes and
 against the request's own block table.
 """
@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conformance import vllm_driver as D  # noqa: E402
+from conformance import driver as D  # noqa: E402
 from conformance.trace import (  # noqa: E402
     AbortSpec,
     Alloc,

@@ -19,8 +19,9 @@ Scheduler side (:meth:`ReferenceOffloadingSpec.get_manager`)
 
 Worker side (:meth:`ReferenceOffloadingSpec.get_worker`)
     :class:`ReferenceOffloadingWorker`: the copies are
-    :func:`reference.transfer.gather` (store, GPU -> CPU) and
-    :func:`reference.transfer.scatter` (load, CPU -> GPU) over the canonical
+    :func:`reference.transfer_fast.gather` (store, GPU -> CPU) and
+    :func:`reference.transfer_fast.scatter` (load, CPU -> GPU), the fast
+    implementation of :mod:`reference.transfer`'s layout, over the canonical
     tensors vLLM's ``OffloadingConnectorWorker.register_kv_caches`` builds.  It
     runs on a CPU-only host with CPU "GPU" tensors (vLLM's ``CPUOffloadingWorker``
     refuses non-CUDA platforms) and on CUDA tensors (the pool is then pinned).
@@ -70,8 +71,9 @@ import torch
 
 from reference.mathutil import cdiv
 from reference.store import ChunkStore
-from reference.transfer import TensorRef, TransferLayout, gather, plan_copies, scatter
-from reference.transfer import _check_tensors as check_tensors
+from reference.transfer import TensorRef, TransferLayout, plan_copies
+from reference.transfer_checks import check_tensors
+from reference.transfer_fast import gather, scatter
 from vllm_adapter import vllm_api as V
 
 __all__ = [
@@ -130,11 +132,13 @@ def canonical_gpu_tensors(kv_caches: Any) -> list[torch.Tensor]:
 
 
 class ReferenceOffloadingWorker(V.OffloadingWorker):
-    """An ``OffloadingWorker`` whose copies are :mod:`reference.transfer`'s gather/scatter.
+    """An ``OffloadingWorker`` whose copies are :mod:`reference.transfer_fast`'s gather/scatter.
 
     ``kv_caches`` are vLLM's canonical tensors; the pool is ``num_chunks``
     slots of ``layout.slot_bytes`` bytes on the CPU, pinned when the tensors
-    live on CUDA (``pin_memory`` overrides).  Every ``submit_*`` copies before
+    live on CUDA (``pin_memory`` overrides), or ``pool`` when given (a strided
+    ``[num_chunks, slot_bytes]`` view, e.g. of vLLM's shared region: see
+    :mod:`vllm_adapter.tiering`).  Every ``submit_*`` copies before
     returning; the job's ``TransferResult`` (with bytes and seconds) comes out
     of the next :meth:`get_finished`.  ``wait`` has nothing to wait for.
     """
@@ -146,6 +150,7 @@ class ReferenceOffloadingWorker(V.OffloadingWorker):
         num_chunks: int,
         *,
         pin_memory: bool | None = None,
+        pool: torch.Tensor | None = None,
     ) -> None:
         self.kv_caches = kv_caches
         """vLLM's ``CanonicalKVCaches`` (0.34.0's device pointers are resolved over them)."""
@@ -157,13 +162,22 @@ class ReferenceOffloadingWorker(V.OffloadingWorker):
         (self.device,) = devices
         if pin_memory is None:
             pin_memory = self.device.type == "cuda"
-        # Only the pool of this ChunkStore is used: vLLM's manager keeps the books.
-        self.chunk_store = ChunkStore(
-            int(num_chunks), self.layout.slot_bytes, pin_memory=pin_memory
-        )
-        assert self.chunk_store.pool is not None
-        self.pool: torch.Tensor = self.chunk_store.pool
-        """uint8 ``[num_chunks, slot_bytes]``: the CPU tier's bytes (slot id = CPU chunk id)."""
+        self.chunk_store: ChunkStore | None = None
+        if pool is None:
+            # Only the pool of this ChunkStore is used: vLLM's manager keeps the books.
+            self.chunk_store = ChunkStore(
+                int(num_chunks), self.layout.slot_bytes, pin_memory=pin_memory
+            )
+            assert self.chunk_store.pool is not None
+            pool = self.chunk_store.pool
+        elif tuple(pool.shape) != (int(num_chunks), self.layout.slot_bytes):
+            raise ValueError(
+                f"pool must be [num_chunks={num_chunks}, slot_bytes={self.layout.slot_bytes}] "
+                f"bytes, got shape {tuple(pool.shape)}"
+            )
+        self.pool: torch.Tensor = pool
+        """uint8 ``[num_chunks, slot_bytes]`` (rows may be strided, as in vLLM's shared
+        region): the CPU tier's bytes (slot id = CPU chunk id)."""
         self._group_bytes = tuple(sum(r.nbytes for r in refs) for refs in self.layout.group_refs)
         self._finished: list[Any] = []
         self.num_stores = 0
@@ -171,7 +185,7 @@ class ReferenceOffloadingWorker(V.OffloadingWorker):
 
     @property
     def num_chunks(self) -> int:
-        return self.chunk_store.num_slots
+        return int(self.pool.shape[0])
 
     @property
     def in_flight(self) -> set[int]:
@@ -280,7 +294,7 @@ class ReferenceOffloadingWorker(V.OffloadingWorker):
         return True
 
     def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
-        """GPU -> CPU: :func:`reference.transfer.gather` into the chunks ``dst_spec`` names.
+        """GPU -> CPU: :func:`reference.transfer_fast.gather` into the chunks ``dst_spec`` names.
 
         ``src_spec`` is the GPU side as vLLM passes it (``GPULoadStoreSpec`` on
         0.33.0, ``DevicePointers`` on 0.34.0, where the parameter is named
@@ -291,7 +305,7 @@ class ReferenceOffloadingWorker(V.OffloadingWorker):
     def submit_load(
         self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False
     ) -> bool:
-        """CPU -> GPU: :func:`reference.transfer.scatter` from the chunks ``src_spec`` names.
+        """CPU -> GPU: :func:`reference.transfer_fast.scatter` from the chunks ``src_spec`` names.
 
         ``dst_spec``: the GPU side, as for :meth:`submit_store`.
         """

@@ -124,7 +124,7 @@ from vllm.v1.request import Request  # noqa: E402, F401, F811
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402, F401, F811
 
 # --- fixtures / geometry derivation ---
-# Used by vllm_adapter.derive and vllm_adapter.fixtures.  Self-contained like the
+# Used by vllm_adapter.derive, .codec and .fixtures.  Self-contained like the
 # sections above (shared names are imported again).  Model-specific layer modules
 # (Gemma-4 attention, DeepSeek-V4 caches) are heavy, so they load lazily through
 # the ``load_*`` functions below; the import statements still live only here.
@@ -288,7 +288,7 @@ from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec  # noqa: E402, F401, F
 from vllm.v1.worker.utils import allocate_kv_cache  # noqa: E402, F401
 
 # --- gpu lanes ---
-# Used by conformance.gpu and the gpu_copy / e2e lanes.  Importing these needs
+# Used by conformance.gpu_copy and the gpu_copy / e2e lanes.  Importing these needs
 # no GPU (vLLM's CUDA worker asserts CUDA only when constructed).
 import vllm.v1.kv_offload.cpu.spec as cpu_offloading_spec_module  # noqa: E402, F401
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (  # noqa: E402, F401, F811
@@ -524,3 +524,50 @@ def uses_v2_model_runner(vllm_config: _Any) -> bool:
     if hasattr(type(vllm_config), "use_v2_model_runner"):
         return bool(vllm_config.use_v2_model_runner)
     return True
+
+
+# --- mutation targets: module objects the meta lane patches ---
+# conformance.mutants.vllm_side replaces one function or method of these
+# modules (in process, with monkeypatch) by a copy with one line changed.
+# Targeted edits only below this line.
+
+import vllm.distributed.kv_transfer.kv_connector.v1.offloading.config as _mut_config  # noqa: E402
+import vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler as _mut_sched  # noqa: E402
+import vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker as _mut_worker  # noqa: E402
+import vllm.v1.kv_offload.cpu.manager as _mut_cpu_manager  # noqa: E402
+import vllm.v1.kv_offload.cpu.spec as _mut_cpu_spec  # noqa: E402
+
+MUTATION_TARGETS: dict[str, _Any] = {
+    "offloading.config": _mut_config,
+    "offloading.scheduler": _mut_sched,
+    "offloading.worker": _mut_worker,
+    "kv_offload.cpu.manager": _mut_cpu_manager,
+    "kv_offload.cpu.spec": _mut_cpu_spec,
+}
+"""Short name -> vLLM module whose functions and classes the meta lane's mutants patch."""
+
+
+# --- tiering (disk) ---
+# Used by vllm_adapter.tiering (ReferenceTieringOffloadingSpec) and the tiered
+# data / faults lanes (conformance.tiered): vLLM's TieringOffloadingSpec, its
+# file-system tier (whose module globals the lanes wrap to count and fault file
+# I/O) and the platform check deciding between vLLM's CUDA worker and the
+# reference worker.  Targeted edits only below this line.
+import vllm.v1.kv_offload.tiering.fs.manager as fs_tier_module  # noqa: E402, F401
+from vllm.platforms import current_platform as _current_platform  # noqa: E402
+from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager  # noqa: E402, F401
+from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager  # noqa: E402, F401
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402, F401
+
+
+def cuda_offloading_platform() -> bool:
+    """Whether vLLM's own ``CPUOffloadingWorker`` runs here (CUDA-alike, not ROCm)."""
+    return bool(_current_platform.is_cuda_alike() and not _current_platform.is_rocm())
+
+
+import vllm.v1.kv_offload.tiering.spec as _tiering_spec_module  # noqa: E402
+
+TIERING_REJECTS_MULTINODE: bool = hasattr(_tiering_spec_module, "_reject_workers_across_nodes")
+"""0.34.0: ``TieringOffloadingSpec.create_worker`` rejects secondary tiers on
+engines whose workers span nodes (a collective over the TP/PP/PCP groups);
+0.33.0 has no such check."""

@@ -261,7 +261,7 @@ def test_disk(
             drop_caches=None if direction == "write" else bool(dropped and all(dropped)),
             read_from_page_cache=None if direction == "write" else cached,
             threads=THREADS,
-            ratio=m.ratio("sequential", speed=True),
+            **m.ratio_fields("sequential", speed=True),
             candidate_gbps=case.nbytes / cand / 1e9,
             limit_gbps=case.nbytes / base / 1e9,
             files_per_s=case.num_files / cand,

@@ -6,7 +6,7 @@ the ``CanonicalKVCaches`` vLLM's ``register_kv_caches`` builds from it, and
 
 * vLLM 0.33.0's real ``CPUOffloadingWorker`` (``CPUOffloadingSpec.create_worker``:
   its copy path into the shared host region), and
-* :class:`vllm_adapter.spec.ReferenceOffloadingWorker` (:mod:`reference.transfer`
+* :class:`vllm_adapter.spec.ReferenceOffloadingWorker` (:mod:`reference.transfer_fast`
   into a pinned pool),
 
 each storing (GPU -> CPU) and loading (CPU -> GPU) one job of ``JOB_BLOCKS``
@@ -69,7 +69,7 @@ def cuda_setup(geometry: str, blocks_per_chunk: int) -> dict[str, Any]:
 
 def _build(geometry: str, blocks_per_chunk: int) -> dict[str, Any]:
     """KV cache on the GPU, its canonical tensors, and both workers over them."""
-    from conformance import gpu
+    from conformance import gpu_copy as gpu
     from conformance.kvdata import SyntheticModelRunner, fixture_driver
     from reference.mathutil import cdiv
     from vllm_adapter.spec import ReferenceOffloadingWorker, canonical_gpu_tensors
@@ -112,7 +112,7 @@ def _build(geometry: str, blocks_per_chunk: int) -> dict[str, Any]:
 def test_gpu_transfer(
     benchmark: Any, geometry: str, blocks_per_chunk: int, direction: str, worker_name: str
 ) -> None:
-    from conformance import gpu
+    from conformance import gpu_copy as gpu
 
     setup = cuda_setup(geometry, blocks_per_chunk)
     worker = setup["workers"][worker_name]
@@ -170,7 +170,7 @@ def test_gpu_transfer(
         target_checked=worker_name == "vllm",
         bytes=nbytes,
         device=torch.cuda.get_device_name(),
-        ratio=m.ratio("cudaMemcpyAsync", speed=True),
+        **m.ratio_fields("cudaMemcpyAsync", speed=True),
         candidate_gbps=nbytes / m.median() / 1e9,
         limit_gbps=nbytes / m.median("cudaMemcpyAsync") / 1e9,
         candidate_s=rounded(m.candidate),

@@ -27,6 +27,7 @@ from hypothesis import Phase, given, settings  # noqa: E402
 from conformance.replay import first_divergence, recorded_answers, replay  # noqa: E402
 from conformance.strategies import SLOW_EXAMPLE_CHECKS  # noqa: E402
 from conformance.workloads import PlanCase, driver_for, workloads  # noqa: E402
+from vllm_adapter.names import STOCK_CONNECTOR  # noqa: E402
 
 EXAMPLES = env_int("KVCHUNK_BENCH_SUITE_EXAMPLES", 12)
 ROUNDS = env_int("KVCHUNK_BENCH_SUITE_ROUNDS", 3)
@@ -37,7 +38,7 @@ def plan_case(geometry: str, blocks_per_chunk: int) -> PlanCase:
         geometry,
         f"blocks_per_chunk={blocks_per_chunk}",
         "fixture",
-        (geometry, "OffloadingConnector", None),
+        (geometry, STOCK_CONNECTOR, None),
         (("blocks_per_chunk", blocks_per_chunk),),
         0,
         512,
@@ -108,7 +109,7 @@ def test_plan_lane_speed(benchmark: Any, geometry: str, blocks_per_chunk: int) -
         answers=oracle(traces),
         store_jobs=stores,
         load_jobs=loads,
-        ratio=m.ratio("vllm", speed=True),
+        **m.ratio_fields("vllm", speed=True),
         lane_examples_per_s=n / lane_s,
         oracle_examples_per_s=n / m.median(),
         vllm_examples_per_s=n / m.median("vllm"),

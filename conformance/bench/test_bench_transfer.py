@@ -1,4 +1,4 @@
-"""Transfer: :mod:`reference.transfer` gather/scatter vs one contiguous copy of the same bytes.
+"""Transfer: :mod:`reference.transfer_fast` gather/scatter vs one contiguous copy of the same bytes.
 
 The KV tensors are the canonical tensors vLLM 0.33.0's own ``register_kv_caches``
 builds for the fixture's worker-view config (``NUM_BLOCKS`` blocks, allocated by
@@ -34,7 +34,8 @@ from conformance.bench import (
     rounded,
 )
 from reference.mathutil import cdiv
-from reference.transfer import TransferLayout, gather, scatter
+from reference.transfer import TransferLayout
+from reference.transfer_fast import gather, scatter
 
 pytest.importorskip("vllm")
 
@@ -202,7 +203,7 @@ def test_transfer(benchmark: Any, geometry: str, blocks_per_chunk: int, directio
         num_tensors=len(job.layout.group_refs[job.group]),
         page_bytes=list(job.layout.page_bytes),
         threads=torch.get_num_threads(),
-        ratio=m.ratio("memcpy", speed=True),
+        **m.ratio_fields("memcpy", speed=True),
         ratio_of_medians=base / cand,
         candidate_gbps=n / cand / 1e9,
         limit_gbps=n / base / 1e9,

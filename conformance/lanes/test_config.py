@@ -10,14 +10,14 @@ xfails from ``conformance/deviations/vllm-<release>.toml`` (the installed releas
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import pytest
 
-from conformance import deviations
+from conformance import cases, deviations
 from reference.knobs import Chunking, resolve_extra_config
+from vllm_adapter.names import KVCHUNK_CONNECTOR, KVCHUNK_CONNECTOR_MODULE, STOCK_CONNECTOR
 
 pytestmark = [pytest.mark.config]
 
@@ -30,29 +30,9 @@ from vllm_adapter.geometry import (  # noqa: E402
     vllm_blocks_per_chunk,
 )
 
-FIXTURES = ["gemma-4-31B-it-tp2", "deepseek-v4-flash-tp4", "synthetic-full-swa",
-            "synthetic-eagle", "synthetic-full-mamba-align"]
-KNOBS: list[dict[str, Any]] = [
-    {"blocks_per_chunk": 1}, {"blocks_per_chunk": 2}, {"blocks_per_chunk": 4},
-    {"blocks_per_chunk": 16}, {"block_size": 512}, {"block_size": 256}, {"block_size": 100},
-    {"blocks_per_chunk": 0}, {"blocks_per_chunk": "8"},
-]
-
-
-@dataclass(frozen=True)
-class ConfigCase:
-    fixture: str
-    knob_items: tuple[tuple[str, Any], ...]
-
-    @property
-    def knob(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in self.knob_items)
-
-    def __str__(self) -> str:
-        return f"{self.fixture} {self.knob}"
-
-
-CASES = [ConfigCase(f, tuple(k.items())) for f in FIXTURES for k in KNOBS]
+ConfigCase = cases.Case
+CASES = cases.config_cases()
+"""Every fixture vLLM plans x every knob of :data:`conformance.cases.CONFIG_KNOBS`."""
 
 
 @cache
@@ -62,17 +42,17 @@ def _fixture(name: str) -> dict[str, Any]:
 
 def _reference(case: ConfigCase) -> tuple[Chunking | None, str]:
     fx = _fixture(case.fixture)
-    vllm_config = F.make_vllm_config(fx, dict(case.knob_items))
+    vllm_config = F.make_vllm_config(fx, case.knob.extra)
     kvc = F.rebuild_kv_cache_config(fx, "scheduler")
     geometry = geometry_from_vllm(kvc, vllm_config)
     try:
-        return resolve_extra_config(geometry, dict(case.knob_items), retention_interval_from(vllm_config)), ""
+        return resolve_extra_config(geometry, case.knob.extra, retention_interval_from(vllm_config)), ""
     except ValueError as err:
         return None, str(err)
 
 
 def _scheduler_config(case: ConfigCase, connector: str, module: str | None) -> Any:
-    sched = F.build_scheduler(_fixture(case.fixture), dict(case.knob_items), connector=connector,
+    sched = F.build_scheduler(_fixture(case.fixture), case.knob.extra, connector=connector,
                               connector_module_path=module)
     return sched.connector.connector_scheduler.config
 
@@ -100,27 +80,70 @@ def test_resolution_agrees(case: ConfigCase, backend: Any, request: pytest.Fixtu
     kvc = F.rebuild_kv_cache_config(fx, "scheduler")
     chunking, error = _reference(case)
     try:
-        vllm = vllm_blocks_per_chunk(kvc, F.make_vllm_config(fx, dict(case.knob_items)))
+        vllm = vllm_blocks_per_chunk(kvc, F.make_vllm_config(fx, case.knob.extra))
     except VllmRejected as rejected:
         # vLLM said no: the reference must say no too, with a ValueError naming the knob.
         assert chunking is None, f"vLLM rejects ({rejected}), the reference accepts"
-        knob = case.knob_items[0][0]
+        knob = case.knob.items[0][0]
         assert f"'{knob}'" in error, error
         return
     assert chunking is not None, f"vLLM accepts, the reference rejects: {error}"
     assert vllm.blocks_per_chunk == chunking.uniform_blocks_per_chunk
     assert vllm.tokens_per_hash == chunking.tokens_per_hash
     assert vllm.sliding_window_size_in_chunks == {gc.group.index: gc.window_in_chunks for gc in chunking.groups}
-    _assert_same(chunking, _scheduler_config(case, "OffloadingConnector", None))
+    _assert_same(chunking, _scheduler_config(case, STOCK_CONNECTOR, None))
 
 
 @pytest.mark.parametrize(
-    "case", [c for c in CASES if dict(c.knob_items).get("block_size") == 512], ids=str
+    "case", [c for c in CASES if c.knob.extra.get("block_size") == 512], ids=str
 )
 def test_kvchunk_connector_runs_what_the_reference_resolved(case: ConfigCase) -> None:
     chunking, error = _reference(case)
     if chunking is None:
         with pytest.raises(ValueError):
-            _scheduler_config(case, "KvchunkOffloadingConnector", "vllm_adapter.connector")
+            _scheduler_config(case, KVCHUNK_CONNECTOR, KVCHUNK_CONNECTOR_MODULE)
         return
-    _assert_same(chunking, _scheduler_config(case, "KvchunkOffloadingConnector", "vllm_adapter.connector"))
+    _assert_same(chunking, _scheduler_config(case, KVCHUNK_CONNECTOR, KVCHUNK_CONNECTOR_MODULE))
+
+
+def deviation_holds(case: ConfigCase) -> None:
+    """A config deviation fails the way it says: vLLM rejects a knob the reference resolves.
+
+    The strict xfail in :func:`test_resolution_agrees` passes on *any* failure;
+    this pins the failure, so a vLLM that starts accepting the knob (and
+    resolves it some other way than the reference) cannot hide behind it.
+    """
+    chunking, error = _reference(case)
+    assert chunking is not None, f"the reference rejects {case}: {error}"
+    fx = _fixture(case.fixture)
+    with pytest.raises(VllmRejected):
+        vllm_blocks_per_chunk(F.rebuild_kv_cache_config(fx, "scheduler"),
+                              F.make_vllm_config(fx, case.knob.extra))
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if deviations.find("vllm", "config", str(c)) is not None], ids=str
+)
+def test_config_deviation_is_a_vllm_rejection(case: ConfigCase) -> None:
+    deviation_holds(case)
+
+
+CLEAN_REJECTIONS = [c for c in CASES if str(c.knob) in ("blocks_per_chunk=0", "block_size=100")
+                    and c.fixture == "synthetic-full-mamba-align" or str(c.knob) == "blocks_per_chunk=0"]
+"""Knobs vLLM refuses by validation: a zero chunk, a block_size off the (uniform) block size."""
+
+
+def vllm_rejects_cleanly(case: ConfigCase) -> None:
+    """vLLM refuses the knob with a ValueError naming it (not a crash further down)."""
+    fx = _fixture(case.fixture)
+    knob = case.knob.items[0][0]
+    with pytest.raises(VllmRejected) as rejected:
+        vllm_blocks_per_chunk(F.rebuild_kv_cache_config(fx, "scheduler"),
+                              F.make_vllm_config(fx, case.knob.extra))
+    assert rejected.value.kind == "ValueError" and f"'{knob}'" in rejected.value.message, (
+        f"{case}: vLLM rejected with {rejected.value}")
+
+
+@pytest.mark.parametrize("case", CLEAN_REJECTIONS, ids=str)
+def test_vllm_rejects_the_knob_cleanly(case: ConfigCase) -> None:
+    vllm_rejects_cleanly(case)

@@ -4,7 +4,7 @@ Every case runs the real ``Scheduler`` + ``OffloadingConnector`` (or kvchunk's
 ``KvchunkOffloadingConnector``) scheduler role and the connector's worker role
 with ``vllm_adapter.spec.ReferenceOffloadingSpec``: vLLM's ``CPUOffloadingManager``
 decides, vLLM's ``register_kv_caches`` builds the canonical tensors, and the
-copies are :mod:`reference.transfer`'s.  :class:`conformance.kvdata.SyntheticModelRunner`
+copies are :mod:`reference.transfer_fast`'s.  :class:`conformance.kvdata.SyntheticModelRunner`
 writes deterministic bytes for every computed token and checks every load:
 each loaded block must hold the expected bytes of its position in the loading
 request (in every layer of its group), and nothing else in the KV memory may
@@ -27,7 +27,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conformance import vllm_driver as D  # noqa: E402
+from conformance import cases  # noqa: E402
+from conformance import driver as D  # noqa: E402
 from conformance.kvdata import (  # noqa: E402
     REFERENCE_SPEC,
     DataStats,
@@ -141,9 +142,10 @@ class SyntheticCase:
         )
 
 
-FULL, SWA, MAMBA, EAGLE = (
+FULL, SWA, SWA2, MAMBA, EAGLE = (
     ("synthetic-full", "full_attention_kv_cache_config"),
     ("synthetic-full-swa", "full_swa_kv_cache_config"),
+    ("synthetic-full-swa-2layer", "full_swa_two_layer_kv_cache_config"),
     ("synthetic-full-mamba-align", "full_mamba_align_kv_cache_config"),
     ("synthetic-eagle", "swa_eagle_kv_cache_config"),
 )
@@ -157,6 +159,9 @@ SYNTHETIC = [
     SyntheticCase(*SWA, 2, 160, 64, planned=True),
     SyntheticCase(*SWA, 4, 160, 64, planned=True),
     SyntheticCase(*SWA, 2, 160, 96, retention=None),
+    # Two layers per group: several tensors per chunk slot (regions, sub-slot strides).
+    SyntheticCase(*SWA2, 2, 160, 64),
+    SyntheticCase(*SWA2, 2, 160, 64, planned=True),
     SyntheticCase(*MAMBA, 1, 96, 48),
     SyntheticCase(*MAMBA, 2, 96, 48),
     SyntheticCase(*MAMBA, 2, 96, 48, planned=True),
@@ -272,19 +277,13 @@ def test_null_blocks_in_store_jobs_keep_every_block_where_its_load_reads_it(
 # ---------------------------------------------------------------------------
 
 
-GEMMA = "gemma-4-31B-it-tp2"
-DSV4 = "deepseek-v4-flash-tp4"
 FIXTURES = [
-    # gemma: 10 canonical tensors of 128 KiB pages, 6 groups each referring to all 10.
-    FixtureCase(GEMMA, (("block_size", 512),), True, 384, 24, 640),
-    FixtureCase(GEMMA, (("blocks_per_chunk", 1),), False, 224, 256, 320),
-    # Sized for 0.33.0's 32-token blocks; scaled with the fixture's (block_tokens_base).
-    FixtureCase(GEMMA, (("blocks_per_chunk", 4),), False, 224, 72, 320, block_tokens_base=32),
-    # DeepSeek-V4: one packed canonical tensor (1002240-byte blocks), one whole-block ref per group.
-    FixtureCase(DSV4, (("block_size", 512),), True, 256, 96, 1100),
-    FixtureCase(DSV4, (("blocks_per_chunk", 1),), False, 256, 192, 600),
-    FixtureCase(DSV4, (("blocks_per_chunk", 2),), False, 256, 96, 600),
+    FixtureCase(c.fixture, c.knob.items, c.knob.kvchunk, c.data.num_gpu_blocks,
+                c.data.num_cpu_chunks, c.data.prompt_len,
+                block_tokens_base=c.data.block_tokens_base)
+    for c in cases.CASES if c.data is not None
 ]
+"""The data lane's rows of :data:`conformance.cases.CASES` (sizes stated there)."""
 
 
 @pytest.mark.data

@@ -3,7 +3,7 @@
 ``vllm.LLM`` with ``load_format="dummy"`` (random weights, nothing downloaded)
 on the gemma-4 and DeepSeek-V4 architectures from the ``config.json`` dirs in
 ``vllm_adapter/models``, with fewer layers that keep every KV-group kind
-(:data:`conformance.gpu.E2E_CASES`), TP=1, prompts as token ids, prefix
+(:data:`conformance.e2e.E2E_CASES`), TP=1, prompts as token ids, prefix
 caching and the hybrid KV-cache manager on, and
 
 * kvchunk's ``KvchunkOffloadingConnector`` with ``{"block_size": 512}``
@@ -22,7 +22,7 @@ comparison says nothing about offloading: the case xfails with both outputs.
 The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that
 ``vllm_adapter.connector`` imports from this checkout and engine errors
 surface here.  Without CUDA every case skips with
-:data:`conformance.gpu.CUDA_SKIP_REASON`.
+:data:`conformance.gpu_copy.CUDA_SKIP_REASON`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conformance import gpu as G  # noqa: E402
+from conformance import e2e as E  # noqa: E402
+from conformance.gpu_copy import cuda_skip_reason, shm_free_bytes  # noqa: E402
 
 CPU_BYTES = 1 << 30
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,8 +59,8 @@ def _raised_by_kvchunk(exc: BaseException) -> bool:
     return False
 
 
-def _requirements(case: G.E2ECase) -> None:
-    reason = G.cuda_skip_reason()
+def _requirements(case: E.E2ECase) -> None:
+    reason = cuda_skip_reason()
     if reason is not None:
         pytest.skip(reason)
     import torch
@@ -71,7 +72,7 @@ def _requirements(case: G.E2ECase) -> None:
                 f"{case.model_dir} needs compute capability >= {case.needs_sm} "
                 f"(FlashMLA sparse kernels), this GPU is {cap}"
             )
-    free = G.shm_free_bytes()
+    free = shm_free_bytes()
     if free < CPU_BYTES + (256 << 20):
         pytest.skip(
             f"CPUOffloadingSpec's shared region needs {CPU_BYTES} bytes in /dev/shm, {free} free"
@@ -86,9 +87,9 @@ def _generate(llm: Any, prompts: list[list[int]], params: Any) -> tuple[list[lis
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("case", G.E2E_CASES, ids=str)
+@pytest.mark.parametrize("case", E.E2E_CASES, ids=str)
 def test_offload_hits_reproduce_cold_greedy_outputs(
-    case: G.E2ECase, record_property: Any, monkeypatch: pytest.MonkeyPatch
+    case: E.E2ECase, record_property: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     record_property("fixture", case.fixture)
     record_property("knob", case.knob)
@@ -104,7 +105,7 @@ def test_offload_hits_reproduce_cold_greedy_outputs(
     try:
         llm = api.LLM(**case.engine_kwargs(CPU_BYTES))
     except Exception as exc:
-        if case.model_dir == G.DSV4 and not _raised_by_kvchunk(exc):
+        if case.model_dir == E.DSV4 and not _raised_by_kvchunk(exc):
             pytest.skip(
                 "DeepSeek-V4 engine did not start on one GPU (TP=1, dummy weights): "
                 f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -126,12 +127,12 @@ def test_offload_hits_reproduce_cold_greedy_outputs(
         for k in range(3):
             _generate(llm, [[(7 + 13 * k + i) % 900 + 50 for i in range(64)]], filler)
             time.sleep(0.2)
-        hits_before = G.metric_total(llm.get_metrics(), "vllm:external_prefix_cache_hits")
+        hits_before = E.metric_total(llm.get_metrics(), "vllm:external_prefix_cache_hits")
         assert llm.reset_prefix_cache(), "reset_prefix_cache() refused"
         warm, warm_cached = _generate(llm, prompts, greedy)
         metrics = llm.get_metrics()
-        hits_after = G.metric_total(metrics, "vllm:external_prefix_cache_hits")
-        for name, value in G.offload_byte_counters(metrics).items():
+        hits_after = E.metric_total(metrics, "vllm:external_prefix_cache_hits")
+        for name, value in E.offload_byte_counters(metrics).items():
             record_property(f"counter:e2e {name.removeprefix('vllm:')}", value)
         hits = None if hits_after is None else hits_after - (hits_before or 0)
         record_property("counter:e2e_external_prefix_cache_hit_tokens", int(hits or 0))

@@ -1,6 +1,6 @@
 """Reliability lane: bad configs get clear errors, faults never corrupt a load, nothing leaks.
 
-* Config fuzzing (:func:`conformance.faults.check_extra_config`): hypothesis
+* Config fuzzing (:func:`conformance.fuzz.check_extra_config`): hypothesis
   over ``kv_connector_extra_config`` for the kvchunk connector on every stored
   fixture geometry, plus the reference alone on the sub-hash geometry vLLM
   refuses, plus the ``python -m vllm_adapter config`` CLI when it exists.
@@ -31,6 +31,8 @@ pytest.importorskip("vllm")
 
 from conformance import deviations  # noqa: E402
 from conformance import faults as FA  # noqa: E402
+from conformance import fuzz as FZ  # noqa: E402
+from conformance.mutants.worker import install_mutation  # noqa: E402
 
 PROFILE = os.environ.get("KVCHUNK_PROFILE", "ci")
 DEEP = PROFILE == "deep"
@@ -53,7 +55,7 @@ class _Tally:
         self.counts = {"tried": 0, "rejected": 0, "accepted": 0, "unclean": 0}
         self.unclean: list[str] = []
 
-    def add(self, extra: Any, verdict: FA.ConfigVerdict) -> None:
+    def add(self, extra: Any, verdict: FZ.ConfigVerdict) -> None:
         self.counts["tried"] += 1
         self.counts[verdict.outcome] += 1
         if not verdict.clean and len(self.unclean) < 5:
@@ -69,17 +71,17 @@ class _Tally:
 
 
 @pytest.mark.faults
-@pytest.mark.parametrize("fixture", FA.CONFIG_FIXTURES)
+@pytest.mark.parametrize("fixture", FZ.CONFIG_FIXTURES)
 def test_config_fuzz_connector(fixture: str, record_property: Any) -> None:
     record_property("fixture", fixture)
     record_property("knob", "fuzzed kv_connector_extra_config")
-    target = FA.config_target(fixture)
+    target = FZ.config_target(fixture)
     tally = _Tally()
 
     @settings(max_examples=_EXAMPLES, database=None, suppress_health_check=SLOW_EXAMPLE_CHECKS)
-    @given(FA.extra_configs())
+    @given(FZ.extra_configs())
     def run(extra: dict[str, Any]) -> None:
-        tally.add(extra, FA.check_extra_config(target, extra))
+        tally.add(extra, FZ.check_extra_config(target, extra))
 
     run()
     tally.record(record_property)
@@ -93,13 +95,13 @@ def test_config_fuzz_connector(fixture: str, record_property: Any) -> None:
 def test_config_fuzz_reference_on_a_group_smaller_than_the_hash_unit(record_property: Any) -> None:
     record_property("fixture", "synthetic-sub-hash")
     record_property("knob", "fuzzed knob (reference only)")
-    geometry = FA.sub_hash_geometry()
+    geometry = FZ.sub_hash_geometry()
     tally = _Tally()
 
     @settings(max_examples=_EXAMPLES, database=None, suppress_health_check=SLOW_EXAMPLE_CHECKS)
-    @given(FA.extra_configs())
+    @given(FZ.extra_configs())
     def run(extra: dict[str, Any]) -> None:
-        tally.add(extra, FA.check_reference_only(geometry, extra))
+        tally.add(extra, FZ.check_reference_only(geometry, extra))
 
     run()
     tally.record(record_property)
@@ -115,9 +117,9 @@ def test_config_fuzz_cli(record_property: Any) -> None:
 
     @settings(max_examples=max(10, _EXAMPLES // 2), database=None,
               suppress_health_check=SLOW_EXAMPLE_CHECKS)
-    @given(FA.cli_cases())
+    @given(FZ.cli_cases())
     def run(case: tuple[str, list[str], dict[str, str]]) -> None:
-        tally.add(case, FA.check_cli(case))
+        tally.add(case, FZ.check_cli(case))
 
     run()
     tally.record(record_property)
@@ -308,7 +310,7 @@ def test_vllm_connector_reset_keeps_stale_swa_block_ids(
     request: pytest.FixtureRequest, record_property: Any
 ) -> None:
     """After a connector reset, a running request's store job names only blocks it holds."""
-    from conformance import vllm_driver as D
+    from conformance import driver as D
     from conformance.trace import BuildMeta, RequestSpec
 
     record_property("fixture", "synthetic-full-swa")
@@ -345,7 +347,7 @@ def test_vllm_connector_reset_twice_between_steps(
     request: pytest.FixtureRequest, record_property: Any
 ) -> None:
     """Two connector resets with no step in between: both must be accepted."""
-    from conformance import vllm_driver as D
+    from conformance import driver as D
     from conformance.trace import RequestSpec
 
     record_property("fixture", "synthetic-full")
@@ -378,7 +380,7 @@ def test_fault_checks_catch_a_broken_worker(mutation: str, monkeypatch: pytest.M
     """A worker that reports a lost store, ignores flushes or reports a load before copying is caught."""
     record_property("fixture", "synthetic-full-swa")
     record_property("knob", f"fault-check mutation={mutation}")
-    FA.install_mutation(monkeypatch, mutation)
+    install_mutation(monkeypatch, mutation)
     sc = FA.FaultScenario("mutant", "synthetic-full-swa",
                           P(seed=5, max_delay=4, p_store_lost=0.3 if mutation == "report_lost_store" else 0),
                           num_gpu_blocks=72, num_cpu_chunks=24, reset_every=5, num_requests=30)

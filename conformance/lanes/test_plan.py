@@ -17,6 +17,8 @@ import os
 import pytest
 from hypothesis import given, settings
 
+from conformance import cases, deviations
+from conformance import trace as T
 from conformance.backends import Backend
 from conformance.replay import first_divergence, recorded_answers, replay
 from conformance.strategies import SLOW_EXAMPLE_CHECKS
@@ -54,23 +56,23 @@ CASES = [
     _case("fa64+eagle-sw128@16", "swa_eagle_kv_cache_config", (64, 16, 128), 1, None),
     _case("fa64+mamba-align@64", "full_mamba_align_kv_cache_config", (64, 64), 1),
     _case("fa64+mamba-align@64", "full_mamba_align_kv_cache_config", (64, 64), 2),
-    PlanCase("gemma-4-31B-it-tp2", "block_size=512", "fixture",
-             ("gemma-4-31B-it-tp2", "KvchunkOffloadingConnector", "vllm_adapter.connector"),
-             (("block_size", 512),), 0, 4096, 4096, 1600),
-    PlanCase("gemma-4-31B-it-tp2", "blocks_per_chunk=2", "fixture",
-             ("gemma-4-31B-it-tp2", "OffloadingConnector", None),
-             (("blocks_per_chunk", 2),), 0, 4096, 4096, 1600),
-    PlanCase("deepseek-v4-flash-tp4", "block_size=512", "fixture",
-             ("deepseek-v4-flash-tp4", "KvchunkOffloadingConnector", "vllm_adapter.connector"),
-             (("block_size", 512),), 0, 4096, 4096, 1600),
-    PlanCase("deepseek-v4-flash-tp4", "blocks_per_chunk=1", "fixture",
-             ("deepseek-v4-flash-tp4", "OffloadingConnector", None),
-             (("blocks_per_chunk", 1),), 0, 4096, 4096, 1600),
+    *(
+        PlanCase(c.fixture, str(c.knob), "fixture",
+                 (c.fixture, c.knob.connector, c.knob.connector_module), c.knob.items, 0,
+                 c.plan.num_gpu_blocks, c.plan.num_cpu_chunks, c.plan.max_len)
+        for c in cases.CASES if c.plan is not None
+    ),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_plans_agree(case: PlanCase, backend: Backend, record_property) -> None:  # type: ignore[no-untyped-def]
+    _plans_agree(case, backend, record_property)
+
+
+def _plans_agree(case: PlanCase, backend: Backend, record_property,  # type: ignore[no-untyped-def]
+                 fixed: tuple[T.WorkloadSpec, ...] = ()) -> None:
+    """The drawn workloads, after the ``fixed`` ones, agree; both directions exercised."""
     driver = driver_for(case)
     counts = {"traces": 0, "answers": 0, "loads": 0, "stores": 0}
 
@@ -78,7 +80,7 @@ def test_plans_agree(case: PlanCase, backend: Backend, record_property) -> None:
         max_examples=_EXAMPLES,
         suppress_health_check=SLOW_EXAMPLE_CHECKS,
         derandomize=_DERANDOMIZE,
-        database=None if _DERANDOMIZE else settings.default.database,
+        database=None if _DERANDOMIZE else settings().database,
     )
     @given(workloads(max_len=case.max_len))
     def check(workload) -> None:  # type: ignore[no-untyped-def]
@@ -92,6 +94,8 @@ def test_plans_agree(case: PlanCase, backend: Backend, record_property) -> None:
         div = first_divergence(expected, actual)
         assert div is None, div.explain(trace)
 
+    for workload in fixed:
+        check.hypothesis.inner_test(workload)  # type: ignore[attr-defined]  # hypothesis adds it
     check()
     record_property("counter:plan_traces", counts["traces"])
     record_property("counter:plan_answers_compared", counts["answers"])
@@ -99,3 +103,123 @@ def test_plans_agree(case: PlanCase, backend: Backend, record_property) -> None:
     record_property("counter:plan_store_jobs", counts["stores"])
     # Non-vacuity: the workloads must have exercised both directions on this case.
     assert counts["stores"] > 0 and counts["loads"] > 0, counts
+
+
+def tier_capacity_problem(case: PlanCase) -> str | None:
+    """Where the CPU tier vLLM builds holds other than the chunks the case sized it for.
+
+    The driver sizes ``cpu_bytes_to_use`` as ``num_cpu_chunks`` times the bytes
+    vLLM's own spec says one chunk takes, and the reference store holds one key
+    per slot: so vLLM's manager must hold exactly ``num_cpu_chunks`` keys.
+    Replays take capacity from the trace, so this is the check that sees it.
+    """
+    if case.builder == "fixture":
+        return None  # fixture drivers size the tier themselves (4096 chunks)
+    session = driver_for(case).session()
+    held = session.connector_scheduler.manager._num_chunks
+    if held != case.num_cpu_chunks:
+        return f"{case}: the tier holds {held} chunks, sized for {case.num_cpu_chunks}"
+    return None
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.builder != "fixture"], ids=str)
+def test_tier_holds_what_it_was_sized_for(case: PlanCase) -> None:
+    problem = tier_capacity_problem(case)
+    assert problem is None, problem
+
+
+def eviction_problem(trace: T.Trace) -> str | None:
+    """Where vLLM's tier evicted other than exactly what a full tier must make room for.
+
+    Replays take *which* keys a full tier evicts from the trace (an eviction
+    policy, not chunk semantics), but *how many* is capacity accounting: a store
+    of ``n`` new keys into a tier of ``C`` slots holding ``h`` evicts
+    ``max(0, h + n - C)`` keys.
+    """
+    capacity, held = trace.config.num_cpu_chunks, set[bytes]()
+    for r in trace.records:
+        if isinstance(r, T.ResetPrefixCache) and r.connector_reset:
+            held.clear()
+        if not isinstance(r, T.BuildMeta):
+            continue
+        for offer in r.store_offers:
+            if offer.accepted is None:
+                continue
+            new = set(offer.accepted) - held
+            due = max(0, len(held) + len(new) - capacity)
+            if len(offer.evicted) != due:
+                return (f"[step {r.step}] {offer.req_id}: {len(new)} new keys into {len(held)} "
+                        f"held of {capacity}: evicted {len(offer.evicted)}, due {due}")
+            held = (held - set(offer.evicted)) | set(offer.accepted)
+    return None
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "full tier" in c.fixture], ids=str)
+def test_full_tier_evicts_what_capacity_requires(case: PlanCase) -> None:
+    @settings(max_examples=_EXAMPLES, suppress_health_check=SLOW_EXAMPLE_CHECKS,
+              derandomize=_DERANDOMIZE, database=None)
+    @given(workloads(max_len=case.max_len))
+    def check(workload) -> None:  # type: ignore[no-untyped-def]
+        problem = eviction_problem(driver_for(case).run(workload))
+        assert problem is None, problem
+
+    check()
+
+
+EDGE_CASES = [
+    # 33 = 32 + 1: the one window length where rounding its chunks down or up differs.
+    _case("fa64+sw33@16", "full_swa_kv_cache_config", (64, 16, 33), 2),
+    # Decode tokens offloaded too: an EAGLE group's volatile last chunk must wait.
+    PlanCase("fa64+eagle-sw128@16 decode stores", "blocks_per_chunk=1 offload_prompt_only=False",
+             "swa_eagle_kv_cache_config", (64, 16, 128),
+             (("blocks_per_chunk", 1), ("offload_prompt_only", False)), 0),
+    # MTP: a 32-token window retaining 2 more tokens spans 2 chunks of 32, not 1.
+    PlanCase("fa64+sw32+mtp2@16", "blocks_per_chunk=2", "swa_mtp_kv_cache_config",
+             (64, 16, 32, 2), (("blocks_per_chunk", 2),), 0),
+]
+"""Geometries and knobs at the rules' edges (found by the meta lane's mutation score)."""
+
+
+@pytest.mark.parametrize("case", EDGE_CASES, ids=str)
+def test_plans_agree_at_the_edges(case: PlanCase, backend: Backend, record_property,  # type: ignore[no-untyped-def]
+                                  request: pytest.FixtureRequest) -> None:
+    dev = deviations.find("vllm", "plan", str(case))
+    if dev is not None:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=dev.xfail_reason()))
+    _plans_agree(case, backend, record_property, edge_workloads())
+
+
+def edge_workloads() -> tuple[T.WorkloadSpec, ...]:
+    """Fixed workloads that reach the rules' edges on every geometry.
+
+    Exact repeats of chunk-aligned prompts (hits end at the last token) and of one
+    token more, after a GPU-only reset, with decode steps (EAGLE tails, decode
+    stores); the budget of 512 prefills a prompt in one step, and the last workload
+    decodes 20 tokens (an EAGLE group's volatile tail chunk).  A repeat of a longer
+    prompt loads on 0.34.0 (0.33.0 subtracts the last token after the caps: on
+    ``fa64+sw33@16`` it loads nothing, an open problem).
+    """
+    base = tuple((7 * i) % 30 for i in range(600))
+    # 20 decode steps after a one-step prefill: decode stores complete a chunk (EAGLE tail).
+    decode = T.WorkloadSpec(
+        requests=(
+            T.RequestSpec("a", base[:200], max_tokens=20),
+            T.RequestSpec("again", base[:200], 2, 31),
+            T.RequestSpec("longer", base[:240], 2, 36),
+        ),
+        max_num_batched_tokens=512,
+        resets=(T.ResetSpec(step=30), T.ResetSpec(step=35)),
+    )
+    return (*tuple(
+        T.WorkloadSpec(
+            requests=(
+                T.RequestSpec("a", base[:n], max_tokens=6),
+                T.RequestSpec("b", base[: n // 2] + tuple(range(31, 31 + n // 3)), 6, 2),
+                T.RequestSpec("again", base[:n], 2, 31),
+                T.RequestSpec("longer", base[: n + 40], 2, 36),
+            ),
+            max_num_batched_tokens=budget,
+            resets=(T.ResetSpec(step=30), T.ResetSpec(step=35)),
+        )
+        for n, budget in ((256, 64), (257, 96), (256, 512))
+    ), decode)

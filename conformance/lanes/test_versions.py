@@ -22,8 +22,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from conformance import driver as D  # noqa: E402
 from conformance import trace as T  # noqa: E402
-from conformance import vllm_driver as D  # noqa: E402
 from conformance.replay import Answer, first_divergence, recorded_answers, replay  # noqa: E402
 from conformance.versions import CHANGES, RELEASES, rules_for  # noqa: E402
 from reference.plan import LastTokenRule, NullBlockRule, Planner, Policy  # noqa: E402

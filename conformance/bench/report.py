@@ -1,0 +1,229 @@
+"""The benchmark tables and target summary of ``reports/bench.md``.
+
+One renderer per section (transfer, oracle, disk, suite speed, GPU, targets),
+each returning its markdown lines; :func:`markdown` joins them under the
+header.  The file-economics section is :mod:`conformance.bench.files_report`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from conformance.bench import BLOCKS_PER_CHUNK, GEOMETRIES, TARGETS, Target
+from vllm_adapter.render import render_table
+
+__all__ = ["markdown", "pick"]
+
+Row = dict[str, Any]
+TableLine = tuple[str, dict[int, Row], str]
+"""A table row: its label, the matching rows by ``blocks_per_chunk``, the cell's extra format."""
+
+_INTRO = (
+    "Every figure is a ratio against a baseline measured interleaved in the same process "
+    "(geometric mean over rounds of each round's candidate vs the baseline runs around it, "
+    "with its 95 % paired t-interval in brackets); `B` is `blocks_per_chunk`. Bold: a target "
+    "missed (the whole interval on the wrong side) or inconclusive (the interval straddles "
+    "it: rerun); only a miss fails the run. What each figure measures: "
+    "`conformance/bench/__init__.py`."
+)
+
+
+def pick(rows: Iterable[Row], **match: Any) -> dict[int, Row]:
+    """Rows matching ``match``, by blocks_per_chunk."""
+    return {
+        int(r["blocks_per_chunk"]): r for r in rows if all(r.get(k) == v for k, v in match.items())
+    }
+
+
+def _target_for(kind: str) -> Target | None:
+    return next((t for t in TARGETS if t.kind == kind), None)
+
+
+def _cell(row: Row | None, extra: str = "") -> str:
+    if row is None:
+        return "-"
+    text = f"{row['ratio']:.2f}"
+    if "ratio_ci" in row:
+        low, high = row["ratio_ci"]
+        text += f" [{low:.2f}, {high:.2f}]"
+    target = _target_for(row["kind"])
+    if target is not None and target.applies(row):
+        verdict = target.verdict(row)
+        if verdict != "met":
+            text = f"**{text}** ({verdict})"
+    if extra:
+        text += f" ({extra.format(**row)})"
+    return text
+
+
+def _table(title: str, header: str, lines: list[TableLine]) -> list[str]:
+    table = render_table(
+        ("", *(f"B={b}" for b in BLOCKS_PER_CHUNK)),
+        [
+            (label, *(_cell(by_b.get(b), extra) for b in BLOCKS_PER_CHUNK))
+            for label, by_b, extra in lines
+        ],
+    )
+    return [f"### {title}", "", header, "", *table.splitlines(), ""]
+
+
+def _header(env: dict[str, Any], status: int) -> list[str]:
+    return [
+        "# kvchunk benchmarks",
+        "",
+        f"{env['date']}; {env['machine']}; python {env['python']}, torch {env['torch']}, "
+        f"vLLM {env['vllm']}; torch threads {env['threads']}; load average "
+        f"{env['loadavg_start']} at start, {env['loadavg_end']} at end; pytest exit status {status}.",
+        "",
+        _INTRO,
+        "",
+    ]
+
+
+def _transfer(rows: list[Row]) -> list[str]:
+    lines = [
+        (
+            f"{GEOMETRIES[g]} {what}",
+            pick(rows, kind="transfer", geometry=g, direction=d),
+            "{candidate_gbps:.1f} GB/s",
+        )
+        for g in GEOMETRIES
+        for d, what in (("gather", "store (gather)"), ("scatter", "load (scatter)"))
+    ]
+    return _table(
+        "Transfer: reference gather/scatter vs one contiguous copy (memcpy limit)",
+        "Target >= 0.8 for B >= 4. Cell: ratio (reference GB/s). Job: 64 random blocks of one "
+        "group, every layer, over vLLM's canonical KV tensors (1024 blocks).",
+        lines,
+    )
+
+
+def _oracle(rows: list[Row]) -> list[str]:
+    return _table(
+        "Oracle: reference replay + comparison vs vLLM scheduler + stock connector, per step",
+        "Target oracle / vLLM <= 1.0 for B >= 4. Workload: 2 conversations x 2 turns, 32k-token "
+        "first turns behind a shared 4096-token system prompt, GPU reset between turns (loads "
+        "from the CPU tier); 8192 tokens per step. Cell: ratio [95 % interval] (oracle ms/step).",
+        [
+            (
+                f"{GEOMETRIES[g]} oracle / vLLM",
+                pick(rows, kind="oracle", geometry=g),
+                "{step_ms[oracle]:.2f} ms/step",
+            )
+            for g in GEOMETRIES
+        ],
+    )
+
+
+def _disk_note(rows: list[Row]) -> str:
+    """How the disk figures were taken (size, file system, caching), or nothing without them."""
+    disk = [r for r in rows if r["kind"] == "disk"]
+    if not disk:
+        return ""
+    r0 = disk[0]
+    reads = [r for r in disk if r["direction"] == "read"]
+    return (
+        f" {r0['bytes'] / 2**20:.0f} MiB per configuration (scaled down from 2 GiB for the time "
+        f"budget; `KVCHUNK_BENCH_DISK_MB`), {r0.get('filesystem', '?')}, "
+        f"O_DIRECT {'on' if r0['o_direct'] else 'off'}, "
+        f"page cache dropped between write and read: "
+        f"{'yes' if reads and all(r['drop_caches'] for r in reads) else 'no'}; reads served "
+        f"from the page cache: {'yes' if any(r['read_from_page_cache'] for r in reads) else 'no'}."
+    )
+
+
+def _disk(rows: list[Row]) -> list[str]:
+    lines = [
+        (
+            f"{GEOMETRIES[g]} {d}",
+            pick(rows, kind="disk", geometry=g, direction=d),
+            "{candidate_gbps:.2f} GB/s, {files_per_s:.0f} files/s",
+        )
+        for g in GEOMETRIES
+        for d in ("write", "read")
+    ]
+    return _table(
+        "Disk: vLLM fs-tier chunk files vs one sequential file of the same bytes",
+        "Informational. Cell: ratio (fs tier GB/s, files/s)." + _disk_note(rows),
+        lines,
+    )
+
+
+def _suite(rows: list[Row]) -> list[str]:
+    lines = [
+        (
+            f"{GEOMETRIES[g]}",
+            pick(rows, kind="suite", geometry=g),
+            "lane {lane_examples_per_s:.0f}/s, oracle {oracle_examples_per_s:.0f}/s",
+        )
+        for g in GEOMETRIES
+    ]
+    return _table(
+        "Suite speed: plan-lane examples per second",
+        "Informational. Cell: oracle throughput / vLLM-run throughput on the same examples "
+        "(lane examples/s: hypothesis draw + vLLM run + replay + compare; oracle examples/s).",
+        lines,
+    )
+
+
+def _gpu(rows: list[Row], env: dict[str, Any]) -> list[str]:
+    gpu = [r for r in rows if r["kind"] == "gpu"]
+    if not gpu:
+        return ["### GPU", "", f"Skipped: {env['gpu']}.", ""]
+    lines = [
+        (
+            f"{GEOMETRIES[g]} {w} {d}",
+            pick(rows, kind="gpu", geometry=g, worker=w, direction=d),
+            "{candidate_gbps:.1f} GB/s",
+        )
+        for g in GEOMETRIES
+        for w in ("vllm", "reference")
+        for d in ("store", "load")
+    ]
+    return _table(
+        f"GPU: offloading workers vs pinned cudaMemcpyAsync ({gpu[0]['device']})",
+        "Target (vLLM worker) >= 0.8 for B >= 4. Cell: ratio (GB/s).",
+        lines,
+    )
+
+
+def _targets(checks: list[Row], misses: list[str], unsure: list[str]) -> list[str]:
+    """One line per checked target with its verdict counts, then every miss and rerun."""
+    out = ["### Targets", ""]
+    if not checks:
+        out.append("No target was checked (no results).")
+    for t in TARGETS:
+        mine = [c for c in checks if c["target"] == t.text]
+        if not mine:
+            continue
+        counts = {v: sum(c["verdict"] == v for c in mine) for v in ("met", "inconclusive", "missed")}
+        verdict = "MISSED" if counts["missed"] else "inconclusive" if counts["inconclusive"] else "met"
+        out.append(
+            f"* {t.text}: {verdict} ({counts['met']} met, {counts['inconclusive']} inconclusive, "
+            f"{counts['missed']} missed of {len(mine)})"
+        )
+    out += [f"* {m}" for m in (*misses, *unsure)]
+    out.append("")
+    return out
+
+
+def markdown(
+    rows: list[Row],
+    checks: list[Row],
+    misses: list[str],
+    unsure: list[str],
+    env: dict[str, Any],
+    status: int,
+) -> str:
+    """``reports/bench.md`` up to (not including) the file-economics section."""
+    out = [
+        *_header(env, status),
+        *_transfer(rows),
+        *_oracle(rows),
+        *_disk(rows),
+        *_suite(rows),
+        *_gpu(rows, env),
+        *_targets(checks, misses, unsure),
+    ]
+    return "\n".join(out)

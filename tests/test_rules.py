@@ -1,0 +1,284 @@
+"""reference.rules: each rule pinned by hand, and the Planner proved equal to the rules.
+
+Hand examples derive their expected values from the rule's statement (worked in the
+comments) or from vLLM-verified tables in the design notes, never from the code.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from conformance.strategies import geometries
+from reference import rules
+from reference.geometry import Geometry, GroupKind, KVGroup
+from reference.keys import group_keys, prefix_block_hashes
+from reference.knobs import (
+    BlocksPerChunk,
+    Chunking,
+    GroupChunking,
+    PerGroupBlocksPerChunk,
+    resolve,
+    supports_partial_tail,
+)
+from reference.plan import LastTokenRule, Planner, Policy, ScheduledRequest
+from reference.store import ChunkStore, LookupResult
+
+SW = GroupKind.SLIDING_WINDOW
+
+
+def _gc(group: KVGroup, bpc: int) -> GroupChunking:
+    tpc = group.tokens_per_block * bpc
+    return GroupChunking(group, bpc, tpc, tpc, rules.window_in_chunks(group, tpc))
+
+
+def _sw(window: int, tpb: int = 16, extra: int = 0, eagle: bool = False) -> KVGroup:
+    return KVGroup(1, SW, tpb, sliding_window=window, extra_retained_tokens=extra, is_eagle=eagle)
+
+
+# ---------------------------------------------------------------------------
+# Rules by hand
+# ---------------------------------------------------------------------------
+
+
+def test_window_in_chunks() -> None:
+    # W=128, span 32: max(cdiv(128,32), cdiv(127,32)) = max(4, 4) = 4.
+    assert rules.window_in_chunks(_sw(128), 32) == 4
+    # W=129: cdiv(129,32)=5 beats cdiv(128,32)=4.
+    assert rules.window_in_chunks(_sw(129), 32) == 5
+    # Extra retained 40 tokens: cdiv(128-1+40, 32) = cdiv(167,32) = 6.
+    assert rules.window_in_chunks(_sw(128, extra=40), 32) == 6
+    # End 250 is 6 short of a chunk end: cdiv(127+6, 32) = 5; end 255 pads 1: cdiv(128,32)=4.
+    assert rules.window_in_chunks(_sw(128), 32, 250) == 5
+    assert rules.window_in_chunks(_sw(128), 32, 255) == 4
+    chunked = KVGroup(2, GroupKind.CHUNKED_LOCAL, 16, attention_chunk_size=100)
+    assert rules.window_in_chunks(chunked, 32) == 4  # cdiv(100, 32)
+    assert rules.window_in_chunks(KVGroup(3, GroupKind.MAMBA, 16), 64) == 1
+    assert rules.window_in_chunks(KVGroup(0, GroupKind.FULL, 16), 64) is None
+
+
+def test_window_blocks_before_boundary() -> None:
+    # W + extra - 1 tokens before the boundary: cdiv(127, 16) = 8 blocks; EAGLE one more.
+    assert rules.window_blocks_before_boundary(_sw(128)) == 8
+    assert rules.window_blocks_before_boundary(_sw(128, eagle=True)) == 9
+    # W=17 at 16 tokens/block: 16 tokens before the boundary, one block, although the
+    # lookup window is cdiv(17, 16) = 2 chunks of one block.
+    assert rules.window_blocks_before_boundary(_sw(17)) == 1
+    assert rules.window_in_chunks(_sw(17), 16) == 2
+
+
+def test_hit_limit_last_token_rules() -> None:
+    end, after = LastTokenRule.REQUEST_END, LastTokenRule.AFTER_CAPS
+    # 200 tokens, a 128-token cap: the cap is a legal end (REQUEST_END), loses one (AFTER_CAPS).
+    assert rules.hit_limit(200, 0, (128, None), True, end, None) == 128
+    assert rules.hit_limit(200, 0, (128, None), True, after, None) == 127
+    # Uncapped, both stop one short of the request's end; no windowed group: no token lost.
+    assert rules.hit_limit(200, 0, (None, None), True, end, None) == 199
+    assert rules.hit_limit(200, 0, (None, None), True, after, None) == 199
+    assert rules.hit_limit(200, 0, (128, None), False, after, None) == 128
+    # Caps count from the GPU hit: 64 + 100 = 164; Mamba-align span 64 rounds 199 down to 192.
+    assert rules.hit_limit(200, 64, (100, None), False, end, None) == 164
+    assert rules.hit_limit(200, 0, (None, None), True, end, 64) == 192
+
+
+def test_needed_chunks() -> None:
+    full = _gc(KVGroup(0, GroupKind.FULL, 32), 2)  # 64-token chunks
+    assert rules.needed_chunks(full, 0, 200) == range(0, 4)  # every chunk up to token 199
+    assert rules.needed_chunks(full, 128, 200) == range(2, 4)  # from the GPU hit's chunk on
+    sw = _gc(_sw(128), 2)  # 32-token chunks, window 4
+    assert rules.needed_chunks(sw, 0, 256) == range(4, 8)
+    assert rules.needed_chunks(sw, 0, 250) == range(3, 8)  # unaligned: 5 chunks (above)
+    assert rules.needed_chunks(sw, 160, 256) == range(5, 8)  # clipped at the GPU hit
+    eagle = _gc(_sw(128, eagle=True), 2)
+    assert rules.needed_chunks(eagle, 0, 256) == range(4, 9)  # the window plus a peek
+
+
+def test_hit_on_the_vllm_verified_table() -> None:
+    """Design note 5.3 (vLLM 0.33.0, verified): FA tpc 128 + SW128 tpc 32, 300 tokens."""
+    groups = (_gc(KVGroup(0, GroupKind.FULL, 64), 2), _gc(_sw(128), 2))
+    num_keys = (300 // 128, 300 // 32)
+    limit = rules.hit_limit(300, 0, (None, None), True, LastTokenRule.REQUEST_END, None)
+    table = {(): 256, ((1, 3),): 256, ((1, 6),): 192, ((1, 7),): 224, ((0, 1),): 128,
+             ((0, 1), (1, 2)): 64}
+    for missing, expected in table.items():
+        hit = rules.hit(groups, num_keys, lambda g, k, m=missing: (g, k) not in m, 0, limit, False)
+        assert hit == expected, missing
+
+
+def test_store_rules() -> None:
+    gc = _gc(KVGroup(0, GroupKind.FULL, 16), 2)  # 32-token chunks
+    # 100 offloadable tokens: 3 complete chunks, capped by blocks (4 // 2) and keys.
+    assert rules.storable_chunk_count(gc, 100, 100, False, 8, 9) == 3
+    assert rules.storable_chunk_count(gc, 100, 100, False, 4, 9) == 2
+    assert rules.storable_chunk_count(gc, 100, 100, False, 8, 1) == 1
+    eagle = _gc(KVGroup(0, GroupKind.FULL, 16, is_eagle=True), 2)
+    assert rules.storable_chunk_count(eagle, 100, 80, False, 8, 9) == 2  # decoding: last waits
+    assert rules.storable_chunk_count(eagle, 100, 80, True, 8, 9) == 3
+    # Offload-prompt-only off, 100-token prompt, 160 tokens, finished: 159 offloadable
+    # (the design note's example: chunks 0..3 of 32 tokens).
+    after = rules.computed_after_step(160, 0, 100, 160, True, False)
+    assert rules.offloadable_tokens(after, 160, 100, None, False) == 159
+    assert rules.offloadable_tokens(after, 160, 100, None, True) == 100
+    assert rules.computed_after_step(40, 30, 100, 100, False, True) == 40  # aborted
+    assert rules.computed_after_step(40, 30, 100, 100, False, False) == 70
+
+
+def test_chunk_acceptance_and_masks() -> None:
+    assert rules.chunk_accepted((5, 6), None)
+    assert not rules.chunk_accepted((0, 6), None)  # a reachable null block
+    assert not rules.chunk_accepted((5, 0), (True, True))  # the last block is null
+    assert rules.chunk_accepted((0, 6), (False, True))  # the null block is unreachable
+    assert not rules.chunk_accepted((5, 6), (False, False))  # nothing can serve a hit
+    # W=33 at 16 tokens/block needs cdiv(32,16)=2 blocks; dense, 64-token segments of 4
+    # blocks: the last two blocks of each segment.
+    sw = _gc(_sw(33), 1)
+    expected = [False, False, True, True] * 2
+    assert rules.reachable_block_mask(sw, 0, 8, 64, None, (), None) == expected
+    # Sparse: only the window before the boundary 99 -> 64: blocks 2 and 3.
+    assert rules.reachable_block_mask(sw, 0, 8, 64, 0, (99,), None) == expected[:4] + [False] * 4
+    full = _gc(KVGroup(0, GroupKind.FULL, 16), 1)
+    assert rules.reachable_block_mask(full, 0, 8, 64, 0, (99,), None) is None
+
+
+def test_store_horizon_and_reconsider() -> None:
+    sw = _gc(_sw(33), 2)  # 32-token chunks, 64-token alignment: 4 blocks per segment
+    assert rules.store_horizon(sw, 5, 3, True, None) == 5  # finished: its last chunk
+    assert rules.store_horizon(sw, 2, 3, False, None) == 3  # storing the prompt
+    assert rules.store_horizon(sw, 5, 3, False, None) is None  # decoding
+    assert rules.store_horizon(sw, 5, 3, True, 0) is None  # sparse retention
+    # Finished at chunk 5 (block 10) off the prompt horizon 3: the last segment starts at
+    # block 8 = chunk 4.
+    assert rules.reconsider_from(sw, 5, 3, True, None, 64) == 4
+    assert rules.reconsider_from(sw, 3, 3, True, None, 64) is None
+
+
+# ---------------------------------------------------------------------------
+# The Planner equals the rules
+# ---------------------------------------------------------------------------
+
+
+class _Held:
+    def __init__(self, keys: set[bytes]) -> None:
+        self.keys = keys
+
+    def lookup(self, key: bytes) -> LookupResult:
+        return LookupResult.HIT if key in self.keys else LookupResult.MISS
+
+
+def _held_store(keys: list[list[bytes]], held: list[list[bool]]) -> _Held:
+    pairs = zip(keys, held, strict=True)
+    return _Held({k for ks, hs in pairs for k, h in zip(ks, hs, strict=True) if h})
+
+
+@st.composite
+def _chunkings(draw: st.DrawFn, retention: int | None = 0) -> Chunking:
+    geometry = draw(geometries(max_groups=4, hash_divides_blocks=draw(st.booleans())))
+    # One EAGLE group at most: with two, engine detail 2 (no re-peek) applies.
+    assume(sum(g.is_eagle for g in geometry.groups) <= 1)
+    if draw(st.booleans()):
+        knob: BlocksPerChunk | PerGroupBlocksPerChunk = BlocksPerChunk(draw(st.integers(1, 4)))
+    else:
+        values = {g.index: draw(st.integers(1, 4)) for g in geometry.groups}
+        knob = PerGroupBlocksPerChunk.of(values)
+    try:
+        chunking = resolve(geometry, knob, retention)
+    except ValueError:
+        assume(False)
+        raise
+    assume(not supports_partial_tail(chunking))
+    return chunking
+
+
+@given(_chunkings(), st.integers(1, 400), st.data())
+def test_planner_lookup_equals_rules(chunking: Chunking, n: int, data: st.DataObject) -> None:
+    hashes = prefix_block_hashes(list(range(n)), chunking.tokens_per_hash)
+    step = math.lcm(*(gc.group.tokens_per_block for gc in chunking.groups))
+    computed = data.draw(st.integers(0, (n - 1) // step)) * step
+    keys = [group_keys(hashes, gc) for gc in chunking.groups]
+    often = st.sampled_from((True, True, True, False))
+    held = [[data.draw(often) for _ in ks] for ks in keys]
+    store = _held_store(keys, held)
+    budget = data.draw(st.none() | st.integers(0, 400))
+    max_load = data.draw(st.none() | st.integers(0, 400))
+    rule = data.draw(st.sampled_from(list(LastTokenRule)))
+    planner = Planner(chunking, store, Policy(last_token=rule))  # type: ignore[arg-type]
+    planner.new_request("r", n, max_load_tokens=max_load)
+    got = planner.lookup("r", hashes, n, computed, budget)
+    windowed = any(gc.window_in_chunks is not None for gc in chunking.groups)
+    limit = rules.hit_limit(
+        n, computed, (budget, max_load), windowed, rule, chunking.mamba_align_tokens
+    )
+    want = rules.hit(
+        chunking.groups, [len(k) for k in keys], lambda g, k: held[g][k], computed, limit,
+        max_load is not None,
+    )
+    assert got == want
+
+
+def test_engine_detail_verified_eagle_groups_are_not_peeked_again() -> None:
+    """Two EAGLE groups: the second shrinks the hit to 128, the first (already verified)
+    is not asked for its peek chunk 4 again, which is missing.  The rules say 0."""
+    geometry = Geometry(
+        groups=(
+            KVGroup(0, SW, 8, sliding_window=1, is_eagle=True),
+            KVGroup(1, GroupKind.CHUNKED_LOCAL, 32, attention_chunk_size=1, is_eagle=True),
+        ),
+        tokens_per_hash=4,
+    )
+    chunking = resolve(geometry, PerGroupBlocksPerChunk.of({0: 4, 1: 4}), 0)
+    hashes = prefix_block_hashes(list(range(256)), 4)
+    keys = [group_keys(hashes, gc) for gc in chunking.groups]
+    held = [[k != 4 for k in range(len(keys[0]))], [True] * len(keys[1])]
+    store = _held_store(keys, held)
+    planner = Planner(chunking, store)  # type: ignore[arg-type]
+    planner.new_request("r", 256)
+    assert planner.lookup("r", hashes, 256, 0) == 128
+    limit = rules.hit_limit(256, 0, (), True, LastTokenRule.REQUEST_END, None)
+    assert rules.hit(chunking.groups, [8, 2], lambda g, k: held[g][k], 0, limit, False) == 0
+
+
+@given(st.integers(1, 300), st.data())
+def test_planner_store_job_equals_rules(n: int, data: st.DataObject) -> None:
+    retention = data.draw(st.sampled_from((0, None)))
+    chunking = data.draw(_chunkings(retention))
+    hashes = tuple(prefix_block_hashes(list(range(n)), chunking.tokens_per_hash))
+    width = max(g.index for g in chunking.geometry.groups) + 1
+    tables: list[tuple[int, ...]] = [() for _ in range(width)]
+    next_id = 1
+    for gc in chunking.groups:
+        count = -(-n // gc.group.tokens_per_block)
+        nulls = gc.window_in_chunks is not None and data.draw(st.booleans())
+        ids = []
+        for _ in range(count):
+            ids.append(0 if nulls and data.draw(st.booleans()) else next_id)
+            next_id += 1
+        tables[gc.group.index] = tuple(ids)
+    scheduled = data.draw(st.integers(1, n))
+    finished = data.draw(st.booleans())
+    info = ScheduledRequest(
+        req_id="r", num_prompt_tokens=n, num_tokens=n,
+        num_computed_tokens=scheduled if finished else 0,
+        num_scheduled_tokens=0 if finished else scheduled, block_hashes=hashes,
+        new_block_ids=tuple(tables), is_full_table=True, is_finished=finished,
+    )
+    planner = Planner(chunking, ChunkStore(10_000), Policy(retention_interval=retention))
+    planner.new_request("r", n)
+    jobs = planner.step([info])
+    offered = [job.keys for _, job in jobs]
+    # The rules: every group's storable chunks from chunk 0, group-major.
+    after = rules.computed_after_step(
+        info.num_computed_tokens, info.num_scheduled_tokens, n, n, finished, False
+    )
+    boundaries = () if retention is None else (n - 1,)
+    want: list[bytes] = []
+    for gc in chunking.groups:
+        state = rules.StoreState(
+            tables[gc.group.index], len(group_keys(hashes, gc)),
+            rules.offloadable_tokens(after, n, n, None, True), n, n, finished, boundaries,
+        )
+        chunks = rules.storable_chunks(gc, state, 0, chunking.alignment_tokens, retention)
+        want.extend(group_keys(hashes, gc)[k] for k in chunks)
+    assert offered == ([tuple(want)] if want else [])
+

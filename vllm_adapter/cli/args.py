@@ -1,0 +1,373 @@
+"""The CLI's arguments: parser, argument types and :func:`validate` (no vLLM import)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from pydantic import ByteSize
+
+from reference.geometry import Geometry
+from reference.knobs import BLOCK_SIZE, BLOCKS_PER_CHUNK, BlockSize, BlocksPerChunk, parse_knob
+from vllm_adapter.names import CPU_SPEC, KVCHUNK_CONNECTOR, TIERING_SPEC
+
+__all__ = [
+    "ARCHITECTURES",
+    "FORMATS",
+    "PROG",
+    "CliError",
+    "Request",
+    "build_parser",
+    "parse_bytes",
+    "validate",
+]
+
+PROG = "python -m vllm_adapter"
+
+ARCHITECTURES: dict[str, tuple[str, bool]] = {
+    "Gemma4ForConditionalGeneration": ("gemma4", True),
+    "Gemma4ForCausalLM": ("gemma4", False),
+    "DeepseekV4ForCausalLM": ("deepseek_v4", False),
+}
+"""Architectures whose KV-cache layers :mod:`vllm_adapter.derive` builds on CPU:
+``architecture -> (derive source, language_model_only)``.  Gemma-4's vision tower
+holds no KV cache, so the multimodal model is planned language-model-only."""
+
+FORMATS = ("table", "json", "markdown")
+SPEC_NAMES = (CPU_SPEC, TIERING_SPEC)
+FS_TIER = "fs"
+"""vLLM's file-system secondary tier (``SecondaryTierFactory`` name, 0.33.0 and 0.34.0)."""
+
+
+class CliError(Exception):
+    """A user mistake (or a configuration vLLM refuses): one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise CliError(f"{message} (see '{self.prog} --help')")
+
+
+_DECIMAL = re.compile(r"^\s*\+?\d+\s*$")
+
+
+def _positive_int(text: str) -> int:
+    if not _DECIMAL.match(text) or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return int(text)
+
+
+def _non_negative_int(text: str) -> int:
+    if not _DECIMAL.match(text):
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return int(text)
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+BYTE_UNITS: dict[str, int] = {
+    unit: int(multiplier)
+    for unit, multiplier in ByteSize.byte_sizes.items()
+    if unit.endswith("b")
+}
+"""pydantic's ``ByteSize`` units (``KB`` = 1000, ``KiB`` = 1024, ...), minus its bit units
+and its one-letter shorthands (``25G`` is 25 * 10**9 there, a trap next to ``GiB``)."""
+
+
+def parse_bytes(text: str) -> int:
+    """A byte count: ``26843545600``, ``25GiB``, ``16MiB``, ``1.5GB`` (KiB = 1024, KB = 1000).
+
+    Units are pydantic's :data:`BYTE_UNITS` (case-insensitive); the number is exact
+    (``Fraction``, not pydantic's float), so ``1.5B`` is refused where ``ByteSize``
+    would truncate it to 1, and a bare number is digits only (``ByteSize`` takes ``1_0``).
+    """
+    match = _SIZE.match(text)
+    unit = (match.group(2).lower() or "b") if match else ""
+    if match is None or unit not in BYTE_UNITS:
+        raise argparse.ArgumentTypeError(
+            f"must be a byte count such as 26843545600, 25GiB or 16MiB, got {text!r}"
+        )
+    value = Fraction(match.group(1)) * BYTE_UNITS[unit]
+    if value.denominator != 1 or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive whole number of bytes, got {text!r} (= {float(value):g} bytes)"
+        )
+    return int(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="kvchunk operator tooling (see 'config --help').")
+    commands = parser.add_subparsers(dest="command", metavar="command", required=True)
+    config = commands.add_parser(
+        "config",
+        prog=f"{PROG} config",
+        help="the --kv-transfer-config JSON and per-group chunk table for a model",
+        description=(
+            "Derive a model's KV-cache geometry with vLLM's own planning (on CPU), resolve the "
+            f"chunk knob as {KVCHUNK_CONNECTOR} will, and print the --kv-transfer-config "
+            "JSON and a per-group table."
+        ),
+    )
+    config.add_argument(
+        "--model", required=True, metavar="DIR", help="a model directory holding config.json"
+    )
+    config.add_argument(
+        "--tensor-parallel-size", "-tp", required=True, type=_positive_int, metavar="N"
+    )
+    knob = config.add_argument_group(
+        "chunk size (at most one; none means vLLM's default blocks_per_chunk 1)"
+    )
+    knob.add_argument(
+        "--block-size",
+        metavar="T",
+        help="tokens per chunk of the full-attention groups (kvchunk's block_size knob)",
+    )
+    knob.add_argument(
+        "--blocks-per-chunk", metavar="B", help="GPU blocks per chunk, every group (vLLM's knob)"
+    )
+    knob.add_argument(
+        "--chunk-bytes",
+        type=parse_bytes,
+        metavar="X",
+        help="pick the smallest blocks_per_chunk whose chunk bytes per worker reach X",
+    )
+    config.add_argument(
+        "--cpu-bytes",
+        type=parse_bytes,
+        metavar="Y",
+        help="cpu_bytes_to_use: CPU memory for offloaded KV (e.g. 25GiB)",
+    )
+    _add_spec_flags(config.add_argument_group("offloading spec"))
+    _add_cache_flags(config.add_argument_group("vLLM engine cache flags"))
+    config.add_argument("--format", choices=FORMATS, default="table")
+    return parser
+
+
+def _add_spec_flags(spec: argparse._ArgumentGroup) -> None:
+    spec.add_argument(
+        "--spec-name",
+        choices=SPEC_NAMES,
+        default=CPU_SPEC,
+        help=f"vLLM's offloading spec (default {CPU_SPEC}); {TIERING_SPEC} adds the file-system "
+        "tier below the CPU tier (needs --fs-path)",
+    )
+    spec.add_argument(
+        "--fs-path", metavar="DIR", help="the fs tier's root_dir: where chunk files go"
+    )
+    spec.add_argument(
+        "--fs-read-threads", type=_positive_int, metavar="N", help="n_read_threads (vLLM: 16)"
+    )
+    spec.add_argument(
+        "--fs-write-threads", type=_positive_int, metavar="N", help="n_write_threads (vLLM: 16)"
+    )
+
+
+def _fs_tier(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The fs tier's ``secondary_tiers`` entry (FileSystemTierManager's parameter names)."""
+    fs_flags = [
+        flag
+        for flag, value in (
+            ("--fs-path", args.fs_path),
+            ("--fs-read-threads", args.fs_read_threads),
+            ("--fs-write-threads", args.fs_write_threads),
+        )
+        if value is not None
+    ]
+    if args.spec_name != TIERING_SPEC:
+        if fs_flags:
+            raise CliError(f"{fs_flags[0]} needs --spec-name {TIERING_SPEC}")
+        return None
+    if not args.fs_path or not str(args.fs_path).strip():
+        raise CliError(f"--spec-name {TIERING_SPEC}: give --fs-path DIR (the fs tier's root_dir)")
+    tier: dict[str, Any] = {"type": FS_TIER, "root_dir": str(args.fs_path)}
+    if args.fs_read_threads is not None:
+        tier["n_read_threads"] = args.fs_read_threads
+    if args.fs_write_threads is not None:
+        tier["n_write_threads"] = args.fs_write_threads
+    return tier
+
+
+def _add_cache_flags(cache: argparse._ArgumentGroup) -> None:
+    cache.add_argument(
+        "--block-size-gpu", type=_positive_int, metavar="N", help="vLLM's --block-size"
+    )
+    cache.add_argument("--kv-cache-dtype", default="auto", metavar="D", help="vLLM's flag")
+    cache.add_argument(
+        "--no-hybrid",
+        action="store_true",
+        help="vLLM's --disable-hybrid-kv-cache-manager (default: the hybrid manager is on)",
+    )
+    cache.add_argument("--prefix-match-unit", type=_positive_int, metavar="N")
+    cache.add_argument("--mamba-cache-mode", choices=("align", "none"))
+    cache.add_argument("--max-model-len", type=_positive_int, metavar="N")
+    cache.add_argument(
+        "--prefix-cache-retention-interval",
+        type=_non_negative_int,
+        metavar="N",
+        help="vLLM's cache flag (default 0); windowed groups' chunk spans must divide it",
+    )
+
+
+@dataclass(frozen=True)
+class Request:
+    """Validated arguments: everything checkable without vLLM has been checked."""
+
+    model_dir: Path
+    model_arg: str
+    """``--model`` as given (for display)."""
+    architecture: str
+    source: str
+    language_model_only: bool
+    tensor_parallel_size: int
+    knob_extra: dict[str, int]
+    """The knob as the user gave it (``block_size`` / ``blocks_per_chunk``), parsed."""
+    chunk_bytes: int | None
+    cpu_bytes: int | None
+    block_size_gpu: int | None
+    kv_cache_dtype: str
+    no_hybrid: bool
+    prefix_match_unit: int | None
+    mamba_cache_mode: str | None
+    max_model_len: int | None
+    retention_interval: int | None
+    format: str
+    spec_name: str = CPU_SPEC
+    fs_tier: dict[str, Any] | None = None
+    """The ``secondary_tiers`` entry of the fs tier (``TieringOffloadingSpec`` only)."""
+
+    def engine_key(self) -> tuple[Any, ...]:
+        return (
+            str(self.model_dir),
+            self.tensor_parallel_size,
+            self.block_size_gpu,
+            self.kv_cache_dtype,
+            self.no_hybrid,
+            self.prefix_match_unit,
+            self.mamba_cache_mode,
+            self.max_model_len,
+        )
+
+    def engine_flags(self) -> str:
+        """The engine flags as vLLM's CLI spells them (for messages)."""
+        flags = [f"--tensor-parallel-size {self.tensor_parallel_size}"]
+        if self.block_size_gpu is not None:
+            flags.append(f"--block-size {self.block_size_gpu}")
+        if self.kv_cache_dtype != "auto":
+            flags.append(f"--kv-cache-dtype {self.kv_cache_dtype}")
+        flags.append(
+            "--disable-hybrid-kv-cache-manager"
+            if self.no_hybrid
+            else "--no-disable-hybrid-kv-cache-manager"
+        )
+        if self.prefix_match_unit is not None:
+            flags.append(f"--prefix-match-unit {self.prefix_match_unit}")
+        if self.mamba_cache_mode is not None:
+            flags.append(f"--mamba-cache-mode {self.mamba_cache_mode}")
+        if self.max_model_len is not None:
+            flags.append(f"--max-model-len {self.max_model_len}")
+        return " ".join(flags)
+
+
+def _architecture(model_dir: Path) -> str:
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise CliError(f"--model {model_dir}: no config.json in that directory")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CliError(f"--model {model_dir}: config.json is not readable JSON ({e})") from None
+    archs = config.get("architectures") if isinstance(config, dict) else None
+    if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
+        raise CliError(f"--model {model_dir}: config.json names no 'architectures'")
+    for arch in archs:
+        if arch in ARCHITECTURES:
+            return arch
+    raise CliError(
+        f"--model {model_dir}: cannot plan the KV cache of {', '.join(archs)} on CPU; "
+        f"this tool builds the KV-cache layers of {', '.join(ARCHITECTURES)} only"
+    )
+
+
+_NO_GROUPS = Geometry(groups=(), tokens_per_hash=1)
+"""Knob syntax checks need no geometry."""
+
+
+def _knob_extra(args: argparse.Namespace) -> dict[str, int]:
+    given = {
+        flag: value
+        for flag, value in (
+            ("--block-size", args.block_size),
+            ("--blocks-per-chunk", args.blocks_per_chunk),
+            ("--chunk-bytes", args.chunk_bytes),
+        )
+        if value is not None
+    }
+    if len(given) > 1:
+        listing = " and ".join(f"{flag} {value}" for flag, value in given.items())
+        if "--chunk-bytes" not in given:
+            # The reference's own message for both knobs.
+            try:
+                parse_knob(
+                    {BLOCK_SIZE: args.block_size, BLOCKS_PER_CHUNK: args.blocks_per_chunk},
+                    _NO_GROUPS,
+                )
+            except ValueError as e:
+                raise CliError(f"--block-size / --blocks-per-chunk: {e}") from None
+        raise CliError(
+            f"give at most one of --block-size, --blocks-per-chunk or --chunk-bytes (got {listing})"
+        )
+    for flag, key in (("--block-size", BLOCK_SIZE), ("--blocks-per-chunk", BLOCKS_PER_CHUNK)):
+        value = given.get(flag)
+        if value is None:
+            continue
+        try:
+            knob = parse_knob({key: value}, _NO_GROUPS)
+        except ValueError as e:
+            raise CliError(f"{flag}: {e}") from None
+        if isinstance(knob, BlockSize):
+            return {BLOCK_SIZE: knob.tokens}
+        assert isinstance(knob, BlocksPerChunk)
+        return {BLOCKS_PER_CHUNK: knob.value}
+    return {}
+
+
+def validate(args: argparse.Namespace) -> Request:
+    """Everything that needs no vLLM: paths, numbers, knob exclusivity, the architecture."""
+    model_dir = Path(args.model).expanduser()
+    if not model_dir.exists():
+        raise CliError(f"--model {args.model}: no such directory")
+    if not model_dir.is_dir():
+        raise CliError(f"--model {args.model}: not a directory (give the model's directory)")
+    model_dir = model_dir.resolve()
+    knob_extra = _knob_extra(args)
+    fs_tier = _fs_tier(args)
+    arch = _architecture(model_dir)
+    source, language_model_only = ARCHITECTURES[arch]
+    dtype = str(args.kv_cache_dtype).strip()
+    if not dtype or not re.fullmatch(r"[A-Za-z0-9_]+", dtype):
+        raise CliError(f"argument --kv-cache-dtype: not a KV-cache dtype name: {dtype!r}")
+    return Request(
+        model_dir=model_dir,
+        model_arg=str(args.model),
+        architecture=arch,
+        source=source,
+        language_model_only=language_model_only,
+        tensor_parallel_size=args.tensor_parallel_size,
+        knob_extra=knob_extra,
+        chunk_bytes=args.chunk_bytes,
+        cpu_bytes=args.cpu_bytes,
+        block_size_gpu=args.block_size_gpu,
+        kv_cache_dtype=dtype,
+        no_hybrid=bool(args.no_hybrid),
+        prefix_match_unit=args.prefix_match_unit,
+        mamba_cache_mode=args.mamba_cache_mode,
+        max_model_len=args.max_model_len,
+        retention_interval=args.prefix_cache_retention_interval,
+        format=args.format,
+        spec_name=args.spec_name,
+        fs_tier=fs_tier,
+    )

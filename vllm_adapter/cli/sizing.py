@@ -1,0 +1,305 @@
+"""The chunk knob for a planned :class:`Request`, and the CPU tier's slots.
+
+:func:`plan` returns a :class:`Sizing` (typed, frozen); :meth:`Sizing.to_json` is the
+document ``--format json`` prints.  vLLM's planning: :mod:`.derivation`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from reference.knobs import BLOCK_SIZE, BLOCKS_PER_CHUNK, Chunking
+from vllm_adapter.cli.args import CliError, Request
+from vllm_adapter.cli.derivation import derive, with_retention
+from vllm_adapter.cli.result import (
+    CpuTier,
+    EngineInfo,
+    FileEconomics,
+    GroupRow,
+    KnobInfo,
+    KvTransferConfig,
+    ModelInfo,
+    Sizing,
+    VllmInfo,
+)
+from vllm_adapter.names import CPU_SPEC, KVCHUNK_CONNECTOR, KVCHUNK_CONNECTOR_MODULE
+
+__all__ = ["GiB", "plan"]
+
+GiB = 1 << 30
+MAX_CHUNK_BYTES_SEARCH = 4096
+"""How far past the first B reaching ``--chunk-bytes`` the search for a valid B goes."""
+
+
+# ---------------------------------------------------------------------------
+# The knob: resolved as the connector will resolve it
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Engine:
+    """The planned engine: resolve a knob, build vLLM's offloading config for it."""
+
+    vllm_config: Any
+    scheduler_kv_cache_config: Any
+    cpu_bytes_for_checks: int
+    """``cpu_bytes_to_use`` is required by CPUOffloadingSpec: a stand-in when not given."""
+
+    def resolve(self, knob_extra: dict[str, int]) -> tuple[Chunking, dict[str, Any]]:
+        from vllm_adapter.connector import resolve_for_vllm
+        from vllm_adapter.geometry import with_extra_config
+
+        extra = {**knob_extra, "spec_name": CPU_SPEC, "cpu_bytes_to_use": self.cpu_bytes_for_checks}
+        return resolve_for_vllm(
+            with_extra_config(self.vllm_config, extra), self.scheduler_kv_cache_config
+        )
+
+    def resolve_or_fail(
+        self, knob_extra: dict[str, int], flag: str
+    ) -> tuple[Chunking, dict[str, Any]]:
+        try:
+            return self.resolve(knob_extra)
+        except ValueError as e:
+            raise CliError(f"{flag}: {e}") from None
+
+    def offloading_config(self, vllm_extra: dict[str, Any]) -> Any:
+        from vllm_adapter import vllm_api as V
+        from vllm_adapter.geometry import with_extra_config
+
+        return V.build_offloading_config(
+            with_extra_config(self.vllm_config, vllm_extra), self.scheduler_kv_cache_config
+        )
+
+
+@dataclass(frozen=True)
+class _Knob:
+    chunking: Chunking
+    vllm_extra: dict[str, Any]
+    """The extra config vLLM runs (``blocks_per_chunk`` resolved)."""
+    knob_extra: dict[str, int]
+    """The knob printed in ``kv_connector_extra_config``."""
+    given: dict[str, int]
+
+
+def _chunk_bytes_knob(engine: _Engine, chunk_bytes: int, notes: list[str]) -> _Knob:
+    """The smallest ``blocks_per_chunk`` whose chunk bytes per worker reach ``chunk_bytes``."""
+    _, base_extra = engine.resolve_or_fail({BLOCKS_PER_CHUNK: 1}, "--chunk-bytes")
+    bytes_per_block = int(engine.offloading_config(base_extra).worker_kv_bytes_per_block)
+    if bytes_per_block <= 0:
+        raise CliError("vLLM reports no KV bytes per block for this model; cannot size chunks")
+    first = max(1, -(-chunk_bytes // bytes_per_block))
+    last_error: ValueError | None = None
+    for blocks in range(first, first + MAX_CHUNK_BYTES_SEARCH):
+        try:
+            chunking, vllm_extra = engine.resolve({BLOCKS_PER_CHUNK: blocks})
+            break
+        except ValueError as e:
+            last_error = e
+    else:
+        raise CliError(
+            f"--chunk-bytes {chunk_bytes}: no blocks_per_chunk from {first} to "
+            f"{first + MAX_CHUNK_BYTES_SEARCH - 1} is valid here ({last_error})"
+        )
+    notes.append(
+        f"--chunk-bytes {chunk_bytes}: the smallest blocks_per_chunk whose chunk "
+        f"bytes per worker ({bytes_per_block} x B) reach it is {blocks}"
+        + (f" ({first} was not valid)" if blocks != first else "")
+    )
+    return _Knob(chunking, vllm_extra, {BLOCKS_PER_CHUNK: blocks}, {"chunk_bytes": chunk_bytes})
+
+
+def _knob(request: Request, engine: _Engine, notes: list[str]) -> _Knob:
+    if request.chunk_bytes is not None:
+        return _chunk_bytes_knob(engine, request.chunk_bytes, notes)
+    flag = "--block-size" if BLOCK_SIZE in request.knob_extra else "--blocks-per-chunk"
+    chunking, vllm_extra = engine.resolve_or_fail(dict(request.knob_extra), flag)
+    if not request.knob_extra:
+        notes.append("no chunk knob given: vLLM's default blocks_per_chunk 1")
+    return _Knob(chunking, vllm_extra, dict(request.knob_extra), dict(request.knob_extra))
+
+
+# ---------------------------------------------------------------------------
+# CPU tier slots and per-group rows
+# ---------------------------------------------------------------------------
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _cpu_tier(
+    cpu_bytes: int | None, off: Any, world_size: int, blocks: int, spec_name: str
+) -> CpuTier:
+    """vLLM's CPU tier: one page-aligned slot per chunk key, for all rank copies."""
+    from vllm_adapter import vllm_api as V
+
+    bytes_per_block = int(off.worker_kv_bytes_per_block)
+    replicated = bool(off.replicated_layout)
+    copies = 1 if replicated else world_size
+    alignment = int(V.CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT)
+    chunk_bytes = bytes_per_block * blocks
+    slot_bytes = _round_up(chunk_bytes * copies, alignment)
+    num_chunks = cpu_bytes // slot_bytes if cpu_bytes is not None else None
+    if num_chunks == 0:
+        raise CliError(
+            f"--cpu-bytes {cpu_bytes} holds no chunk: one chunk slot takes {slot_bytes} "
+            f"bytes ({copies} x {chunk_bytes}, page-aligned); give at least {slot_bytes}"
+        )
+    return CpuTier(
+        spec_name=spec_name,
+        worker_kv_bytes_per_block=bytes_per_block,
+        world_size=world_size,
+        replicated_layout=replicated,
+        copies=copies,
+        chunk_bytes_per_worker=chunk_bytes,
+        page_alignment=alignment,
+        slot_bytes=slot_bytes,
+        cpu_bytes_to_use=cpu_bytes,
+        num_chunks=num_chunks,
+    )
+
+
+def _kv_transfer_config(
+    knob_extra: dict[str, int], cpu_bytes: int | None, request: Request
+) -> KvTransferConfig:
+    from vllm_adapter import vllm_api as V
+
+    extra: dict[str, Any] = {**knob_extra, "spec_name": request.spec_name}
+    if cpu_bytes is not None:
+        extra["cpu_bytes_to_use"] = cpu_bytes
+    if request.fs_tier is not None:
+        extra["secondary_tiers"] = [dict(request.fs_tier)]
+    config = KvTransferConfig(
+        kv_connector=KVCHUNK_CONNECTOR,
+        kv_connector_module_path=KVCHUNK_CONNECTOR_MODULE,
+        kv_role="kv_both",
+        kv_connector_extra_config=extra,
+    )
+    # What vLLM does with --kv-transfer-config: it must parse.
+    V.KVTransferConfig(**config.to_json())
+    return config
+
+
+def _group_rows(
+    chunking: Chunking, sched_cfg: Any, worker_cfg: Any, chunk_bytes: int
+) -> tuple[GroupRow, ...]:
+    from vllm_adapter import vllm_api as V
+
+    rows = []
+    for gc in chunking.groups:
+        g = gc.group
+        group_bytes_per_block = int(V.group_kv_bytes_per_block(worker_cfg.kv_cache_groups[g.index]))
+        rows.append(
+            GroupRow(
+                index=g.index,
+                kind=g.kind.value,
+                vllm_spec=type(sched_cfg.kv_cache_groups[g.index].kv_cache_spec).__name__,
+                sliding_window=g.sliding_window,
+                attention_chunk_size=g.attention_chunk_size,
+                is_eagle=g.is_eagle,
+                tokens_per_block=g.tokens_per_block,
+                blocks_per_chunk=gc.blocks_per_chunk,
+                tokens_per_chunk=gc.tokens_per_chunk,
+                window_in_chunks=gc.window_in_chunks,
+                group_bytes_per_block=group_bytes_per_block,
+                group_bytes_per_chunk=group_bytes_per_block * gc.blocks_per_chunk,
+                chunk_bytes_per_worker=chunk_bytes,
+                chunks_per_gib=round(GiB / chunk_bytes, 2) if chunk_bytes else None,
+                files_per_million_tokens=round(1e6 / gc.tokens_per_chunk, 2),
+            )
+        )
+    return tuple(rows)
+
+
+# ---------------------------------------------------------------------------
+# plan
+# ---------------------------------------------------------------------------
+
+
+def _model_info(request: Request) -> ModelInfo:
+    return ModelInfo(
+        dir=str(request.model_dir),
+        given=request.model_arg,
+        architecture=request.architecture,
+        language_model_only=request.language_model_only,
+        tensor_parallel_size=request.tensor_parallel_size,
+    )
+
+
+def _engine_info(request: Request, retention_interval: int) -> EngineInfo:
+    return EngineInfo(
+        flags=request.engine_flags(),
+        block_size=request.block_size_gpu,
+        kv_cache_dtype=request.kv_cache_dtype,
+        hybrid_kv_cache_manager=not request.no_hybrid,
+        prefix_match_unit=request.prefix_match_unit,
+        mamba_cache_mode=request.mamba_cache_mode,
+        max_model_len=request.max_model_len,
+        prefix_cache_retention_interval=retention_interval,
+    )
+
+
+def plan(request: Request, *, debug: bool = False) -> Sizing:
+    """Derive, resolve, and size: what every format renders."""
+    derivation = derive(request, debug)
+    from vllm_adapter import vllm_api as V
+    from vllm_adapter.geometry import geometry_from_vllm
+
+    vllm_config = with_retention(derivation.vllm_config, request.retention_interval)
+    sched_cfg = derivation.scheduler_kv_cache_config
+    try:
+        geometry_from_vllm(sched_cfg, vllm_config)
+    except ValueError as e:
+        raise CliError(f"this KV-cache geometry cannot be offloaded: {e}") from None
+    resolved = derivation.fixture["resolved"]
+    notes: list[str] = []
+    if request.block_size_gpu is None:
+        notes.append(
+            f"no --block-size-gpu: planned with vLLM {V.VLLM_VERSION}'s default cache block size "
+            f"for this model ({resolved['cache_config_block_size_after_backend']} "
+            "tokens); if the engine runs with --block-size N, pass --block-size-gpu N"
+        )
+    engine = _Engine(
+        vllm_config, sched_cfg, request.cpu_bytes if request.cpu_bytes is not None else GiB
+    )
+    knob = _knob(request, engine, notes)
+    blocks = int(knob.vllm_extra[BLOCKS_PER_CHUNK])
+    world_size = int(vllm_config.parallel_config.world_size)
+    cpu_tier = _cpu_tier(request.cpu_bytes, engine.offloading_config(knob.vllm_extra),
+                         world_size, blocks, request.spec_name)
+    if request.cpu_bytes is None:
+        notes.append(
+            f'add "cpu_bytes_to_use" (--cpu-bytes) before serving: {request.spec_name} requires it'
+        )
+    cache = vllm_config.cache_config
+    groups = _group_rows(knob.chunking, sched_cfg, derivation.worker_kv_cache_configs[0],
+                         cpu_tier.chunk_bytes_per_worker)
+    return Sizing(
+        kv_transfer_config=_kv_transfer_config(knob.knob_extra, request.cpu_bytes, request),
+        model=_model_info(request),
+        engine=_engine_info(request, cache.prefix_cache_retention_interval),
+        vllm=VllmInfo(
+            version=V.VLLM_VERSION,
+            cache_block_size=int(cache.block_size),
+            resolved_cache_dtype=str(cache.cache_dtype),
+            scheduler_block_size=resolved["scheduler_block_size"],
+            tokens_per_hash=int(knob.chunking.tokens_per_hash),
+            num_kv_cache_groups=len(sched_cfg.kv_cache_groups),
+            offloaded_group_ids=tuple(gc.group.index for gc in knob.chunking.groups),
+        ),
+        knob=KnobInfo(
+            given=knob.given,
+            blocks_per_chunk=blocks,
+            alignment_tokens=knob.chunking.alignment_tokens,
+        ),
+        cpu_tier=cpu_tier,
+        groups=groups,
+        files=FileEconomics(
+            file_bytes=cpu_tier.slot_bytes,
+            files_per_million_tokens=round(sum(1e6 / gc.tokens_per_chunk
+                                               for gc in knob.chunking.groups), 2),
+            fs_tier=request.fs_tier,
+        ),
+        notes=tuple(notes),
+    )
