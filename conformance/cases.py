@@ -102,7 +102,7 @@ class PlanSizes:
 
 @dataclass(frozen=True)
 class DataSizes:
-    """Data lane: GPU blocks, CPU chunks, prompt length (see ``kvdata.FixtureCase``)."""
+    """Data lane: GPU blocks, CPU chunks, prompt length (see ``fixture_runs.FixtureCase``)."""
 
     num_gpu_blocks: int
     num_cpu_chunks: int

@@ -90,12 +90,6 @@ _DATA = (*_PLAN, "offloading.worker", "reference.transfer", "reference.transfer_
          "reference.transfer_checks", "reference.geometry")
 
 
-def _driver_module() -> Any:
-    from conformance import driver as D
-
-    return D
-
-
 # -- config lane -------------------------------------------------------------------
 
 _CONFIG_CASES = (
@@ -158,6 +152,7 @@ _PLAN_CASES = (
     "fa64+sw40@16/blocks_per_chunk=2/retention=0",
     "fa64+sw33@16/blocks_per_chunk=2/retention=0",
     "fa64+sw32+mtp2@16/blocks_per_chunk=2/retention=0",
+    "fa64+sw16@16/blocks_per_chunk=4/retention=0",
     "fa64+eagle-sw128@16 decode stores/blocks_per_chunk=1 offload_prompt_only=False/retention=0",
     "fa64+eagle-sw128@16/blocks_per_chunk=2/retention=0",
     "fa64+mamba-align@64/blocks_per_chunk=2/retention=0",
@@ -260,27 +255,16 @@ def _eviction_check(case_id: str, index: int) -> Check:
 # -- data lane ---------------------------------------------------------------------
 
 _DATA_CASES = ("synthetic-full-swa-bpc2-planned", "synthetic-full-swa-bpc4",
-               "synthetic-full-swa-2layer-bpc2", "synthetic-full-swa-2layer-bpc2-planned")
+               "synthetic-full-swa-2layer-bpc2", "synthetic-full-swa-2layer-bpc2-planned",
+               "synthetic-full-padded-swa-bpc2", "synthetic-unequal-pages-bpc2")
 
 
 @cache
 def _data_driver(case_id: str) -> Any:
-    from conformance.kvdata import with_planned_tensors
     from conformance.lanes import test_data as lane
 
-    D = _driver_module()
     case = next(c for c in lane.SYNTHETIC if str(c) == case_id)
-    driver = D.VllmDriver.from_kv_cache_config(
-        getattr(D, case.builder)(num_blocks=case.num_gpu_blocks),
-        extra_config={**lane.REFERENCE_SPEC, "blocks_per_chunk": case.blocks_per_chunk},
-        prefix_cache_retention_interval=case.retention,
-        num_gpu_blocks=case.num_gpu_blocks,
-        num_cpu_chunks=case.num_cpu_chunks,
-    )
-    if case.planned:
-        driver = D.VllmDriver(with_planned_tensors(driver.kv_cache_config, driver.vllm_config),
-                              driver.vllm_config)
-    return case, driver
+    return case, lane.synthetic_driver(case)
 
 
 def _data_check(case_id: str) -> Check:

@@ -30,12 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.kvdata import (
-    DataStats,
-    FixtureCase,
-    SyntheticModelRunner,
-    fixture_driver,
-)
+from conformance.fixture_runs import FixtureCase, fixture_driver
+from conformance.kvdata import DataStats, SyntheticModelRunner
 from conformance.trace import RequestSpec
 from vllm_adapter import vllm_api as V
 from vllm_adapter.names import connector_module

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference.plan import LastTokenRule, NullBlockRule, Policy
+from reference.plan import LastTokenRule, NullBlockRule, Policy, WindowRule
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ RELEASES: dict[str, ReleaseRules] = {
             last_token=LastTokenRule.AFTER_CAPS,
             null_blocks_in_store=NullBlockRule.SKIP,
             reload_after_failed_load=True,
+            window=WindowRule.WHOLE_WINDOW,
         ),
     ),
     "0.34.0": ReleaseRules(
@@ -41,6 +42,7 @@ RELEASES: dict[str, ReleaseRules] = {
             last_token=LastTokenRule.REQUEST_END,
             null_blocks_in_store=NullBlockRule.PLACEHOLDER,
             reload_after_failed_load=False,
+            window=WindowRule.WHOLE_WINDOW,
         ),
     ),
 }

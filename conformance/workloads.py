@@ -36,7 +36,7 @@ def driver_for(case: PlanCase) -> Any:
     from conformance import driver as D
 
     if case.builder == "fixture":
-        from conformance.kvdata import fixture_driver
+        from conformance.fixture_runs import fixture_driver
 
         name, connector, module = case.builder_args
         return fixture_driver(

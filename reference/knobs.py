@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reference.geometry import Geometry, GroupKind, KVGroup
-from reference.rules import window_in_chunks
+from reference.rules import WindowRule, window_in_chunks
 
 BLOCKS_PER_CHUNK = "blocks_per_chunk"
 BLOCK_SIZE = "block_size"
@@ -78,8 +78,11 @@ class GroupChunking:
     tokens_per_chunk: int
     hashes_per_chunk: int
     window_in_chunks: int | None
-    """Chunks a hit needs at the end of a prefix; ``None`` for full attention
-    (:func:`reference.rules.window_in_chunks` at an aligned end)."""
+    """vLLM's ``sliding_window_size_in_chunks`` (the config field the config lane
+    compares): :func:`reference.rules.window_in_chunks` at an aligned end under
+    ``WindowRule.WHOLE_WINDOW``; ``None`` for full attention.  Hits use the
+    planner's ``Policy.window`` rule, which by default needs one chunk less when
+    ``(W - 1) % tokens_per_chunk == 0``."""
 
 
 @dataclass(frozen=True)
@@ -297,7 +300,7 @@ def resolve(
                 blocks_per_chunk=b,
                 tokens_per_chunk=tpc,
                 hashes_per_chunk=tpc // tph,
-                window_in_chunks=window_in_chunks(g, tpc),
+                window_in_chunks=window_in_chunks(g, tpc, rule=WindowRule.WHOLE_WINDOW),
             )
         )
 

@@ -21,15 +21,31 @@ one value for all groups each rule is vLLM 0.33.0's.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import Protocol
 
 from reference.geometry import GroupKind
 from reference.jobs import LoadJob, StoreJob
-from reference.keys import boundary_key, group_keys
+from reference.keys import boundary_key
 from reference.knobs import Chunking, supports_partial_tail
 from reference.mathutil import cdiv, round_down
+from reference.plan_inputs import (
+    BlockRef as BlockRef,
+)
+from reference.plan_inputs import (
+    ChunkIndex as ChunkIndex,
+)
+from reference.plan_inputs import (  # re-exported: the planner's public inputs
+    NullBlockRule as NullBlockRule,
+)
+from reference.plan_inputs import (
+    Policy as Policy,
+)
+from reference.plan_inputs import (
+    ScheduledRequest as ScheduledRequest,
+)
+from reference.plan_inputs import (
+    UnsupportedChunking as UnsupportedChunking,
+)
+from reference.plan_state import GroupState, JobRecord, RequestState, update_keys
 from reference.rules import LastTokenRule as LastTokenRule  # re-exported: Policy's type
 from reference.rules import (
     StoreState,
@@ -42,145 +58,8 @@ from reference.rules import (
     storable_chunks,
     window_in_chunks,
 )
-from reference.store import LookupResult, StorePlan
-
-# ---------------------------------------------------------------------------
-# Inputs
-# ---------------------------------------------------------------------------
-
-
-class NullBlockRule(Enum):
-    """What a store job carries for a null block (id 0) inside a stored chunk.
-
-    Only unreachable window blocks can be null inside a stored chunk (a reachable
-    null block vetoes the chunk, see :meth:`Planner._store_job`).
-    """
-
-    PLACEHOLDER = "placeholder"
-    """Intended (vLLM 0.34.0): the null block stays in the job, so every block of a
-    chunk keeps its offset in the chunk (``block_indices`` is the chunk's first block)."""
-    SKIP = "skip"
-    """vLLM 0.33.0: null blocks are left out; ``group_sizes`` counts real blocks and
-    ``block_indices`` is the first real block's position."""
-
-
-@dataclass(frozen=True)
-class Policy:
-    """Engine settings that change plans but not chunk shapes.
-
-    The defaults are the intended rules.  ``conformance.versions`` says which
-    switches each vLLM release runs with, so the plan lane compares exactly.
-    """
-
-    retention_interval: int | None = 0
-    """``prefix_cache_retention_interval``: 0 sparse (vLLM default), None dense, N > 0."""
-    offload_prompt_only: bool = True
-    prefix_caching: bool = True
-    """GPU prefix caching on: a hit whose chunks are still being loaded is deferred."""
-    last_token: LastTokenRule = LastTokenRule.REQUEST_END
-    null_blocks_in_store: NullBlockRule = NullBlockRule.PLACEHOLDER
-    reload_after_failed_load: bool = False
-    """False (vLLM 0.34.0): after a failed load its request never loads from the
-    offloaded cache again, preemption included, so a faulting chunk is not retried.
-    True (vLLM 0.33.0): later lookups may hit and load again.  Neither serves
-    wrong bytes; this is a retry policy, not a correctness rule."""
-
-
-@dataclass(frozen=True)
-class BlockRef:
-    """A block the engine allocated for a request, as the load plan sees it."""
-
-    block_id: int
-    is_null: bool = False
-    has_block_hash: bool = False
-    """True when the block already holds hashed (GPU-cached) content."""
-
-
-@dataclass(frozen=True)
-class ScheduledRequest:
-    """What one step tells the connector about one request."""
-
-    req_id: str
-    num_prompt_tokens: int
-    num_tokens: int
-    num_computed_tokens: int
-    num_scheduled_tokens: int
-    block_hashes: tuple[bytes, ...]
-    new_block_ids: tuple[tuple[int, ...], ...] | None = None
-    """New block ids per KV-cache group (original index); None when unchanged."""
-    is_full_table: bool = False
-    """True for a new or resumed request: ``new_block_ids`` is its whole table."""
-    is_finished: bool = False
-    is_aborted: bool = False
-    shared_prefix_boundary: int = 0
-
-
-class ChunkIndex(Protocol):
-    """The part of a chunk store the planner talks to (see :mod:`reference.store`)."""
-
-    def lookup(self, key: bytes) -> LookupResult: ...
-
-    def prepare_store(self, keys: Sequence[bytes]) -> StorePlan | None:
-        """Slots for the keys not held yet, or None if it cannot allocate them all."""
-        ...
-
-    def prepare_load(self, keys: Sequence[bytes]) -> object: ...
-
-    def complete_store(self, keys: Sequence[bytes], success: bool = True) -> None: ...
-
-    def complete_load(self, keys: Sequence[bytes]) -> None: ...
-
-    def reset(self) -> None: ...
-
-
-class UnsupportedChunking(ValueError):
-    """A configuration whose semantics the reference deliberately does not model."""
-
-
-# ---------------------------------------------------------------------------
-# (S) Request state
-# ---------------------------------------------------------------------------
-
-
-@dataclass
-class _GroupState:
-    keys: list[bytes] = field(default_factory=list)
-    block_ids: list[int] = field(default_factory=list)
-    """The group's block table for the request; 0 is the null block."""
-    next_stored_chunk: int = 0
-
-
-@dataclass
-class _Request:
-    req_id: str
-    num_prompt_tokens: int
-    groups: tuple[_GroupState, ...]
-    max_load_tokens: int | None = None
-    max_offload_tokens: int | None = None
-    num_tokens: int = 0
-    block_hashes: tuple[bytes, ...] = ()
-    computed_tokens: int = 0
-    jobs: set[int] = field(default_factory=set)
-    finished: bool = False
-    finished_signaled: bool = False
-    load_failed: bool = False
-
-
-@dataclass
-class _Job:
-    req_id: str
-    keys: tuple[bytes, ...]
-    is_store: bool
-
-
-def _update_keys(chunking: Chunking, req: _Request) -> None:
-    """Keys are append-only: chunk i is keyed once its last hash unit is hashed."""
-    for gc, state in zip(chunking.groups, req.groups, strict=True):
-        keys = group_keys(req.block_hashes, gc)
-        if keys[: len(state.keys)] != state.keys:
-            raise ValueError(f"request {req.req_id}: block hashes changed under keyed chunks")
-        state.keys = keys
-
+from reference.rules import WindowRule as WindowRule  # re-exported: Policy's type
+from reference.store import LookupResult
 
 # ---------------------------------------------------------------------------
 # The planner
@@ -194,7 +73,7 @@ class Planner:
         self,
         chunking: Chunking,
         store: ChunkIndex,
-        policy: Policy = Policy(),
+        policy: Policy = Policy(),  # noqa: B008  (a frozen dataclass)
         num_workers: int = 1,
     ) -> None:
         if supports_partial_tail(chunking):
@@ -213,8 +92,8 @@ class Planner:
         self._full = tuple(full)
         self._windowed = tuple(windowed)
         self._lookup_order = self._full + self._windowed
-        self._requests: dict[str, _Request] = {}
-        self._jobs: dict[int, _Job] = {}
+        self._requests: dict[str, RequestState] = {}
+        self._jobs: dict[int, JobRecord] = {}
         self._next_job_id = 0
         self._stale_below = 0
         self._being_loaded: set[bytes] | None = set() if policy.prefix_caching else None
@@ -236,10 +115,10 @@ class Planner:
         max_load_tokens: int | None = None,
         max_offload_tokens: int | None = None,
     ) -> None:
-        self._requests[req_id] = _Request(
+        self._requests[req_id] = RequestState(
             req_id=req_id,
             num_prompt_tokens=num_prompt_tokens,
-            groups=tuple(_GroupState() for _ in self.chunking.groups),
+            groups=tuple(GroupState() for _ in self.chunking.groups),
             max_load_tokens=max_load_tokens,
             max_offload_tokens=max_offload_tokens,
         )
@@ -268,7 +147,7 @@ class Planner:
             return None
         req.block_hashes = tuple(block_hashes)
         req.num_tokens = num_tokens
-        _update_keys(self.chunking, req)
+        update_keys(self.chunking, req)
         req.computed_tokens = computed_tokens
         if skip_reading_prefix_cache or req.load_failed:
             return 0
@@ -305,7 +184,7 @@ class Planner:
         return None if pending else run
 
     # Kept whole: it mirrors vLLM's incremental loop step by step (reference.rules.hit states it).
-    def _lookup_complete_chunks(self, req: _Request, max_num_new_tokens: int | None) -> int | None:
+    def _lookup_complete_chunks(self, req: RequestState, max_num_new_tokens: int | None) -> int | None:
         groups = self.chunking.groups
         computed = req.computed_tokens
         limit = hit_limit(
@@ -337,10 +216,11 @@ class Planner:
                     found = self._prefix_run(window_keys)
                 else:
                     candidate_end = min(limit, (num_chunks - int(eagle)) * tpc)
-                    initial = window_in_chunks(gc.group, tpc, candidate_end)
-                    assert initial is not None
+                    aligned = window_in_chunks(gc.group, tpc, 0, self.policy.window)
+                    initial = window_in_chunks(gc.group, tpc, candidate_end, self.policy.window)
+                    assert aligned is not None and initial is not None
                     found = self._window_run(
-                        window_keys, gc.window_in_chunks + int(eagle), initial + int(eagle)
+                        window_keys, aligned + int(eagle), initial + int(eagle)
                     )
                 if found == 0:
                     return 0
@@ -369,7 +249,7 @@ class Planner:
         if self._being_loaded:
             end = computed + hit
             for gc, state in zip(groups, req.groups, strict=True):
-                window = window_in_chunks(gc.group, gc.tokens_per_chunk, end)
+                window = window_in_chunks(gc.group, gc.tokens_per_chunk, end, self.policy.window)
                 keys = state.keys[computed // gc.tokens_per_chunk : cdiv(end, gc.tokens_per_chunk)]
                 if window is not None:
                     keys = keys[-window:]
@@ -438,7 +318,7 @@ class Planner:
         job_id = self._job_id()
         self.last_job_id = job_id
         req.jobs.add(job_id)
-        self._jobs[job_id] = _Job(req_id, tuple(keys), is_store=False)
+        self._jobs[job_id] = JobRecord(req_id, tuple(keys), is_store=False)
         if self._being_loaded is not None:
             self._being_loaded.update(keys)
         self._step_loads.append(job)
@@ -479,11 +359,11 @@ class Planner:
         self._step_loads = []
         return jobs
 
-    def _refresh(self, req: _Request, info: ScheduledRequest) -> None:
+    def _refresh(self, req: RequestState, info: ScheduledRequest) -> None:
         req.block_hashes = info.block_hashes
         req.num_tokens = info.num_tokens
         req.finished = info.is_finished
-        _update_keys(self.chunking, req)
+        update_keys(self.chunking, req)
 
     def _update_tables(
         self, scheduled: Sequence[ScheduledRequest], block_copy_dst_ids: Sequence[int]
@@ -517,20 +397,20 @@ class Planner:
                     if state.block_ids[j] in self._step_allocated:
                         state.block_ids[j] = 0
 
-    def _offloadable(self, req: _Request, num_tokens: int) -> int:
+    def _offloadable(self, req: RequestState, num_tokens: int) -> int:
         return offloadable_tokens(
             num_tokens, req.num_tokens, req.num_prompt_tokens, req.max_offload_tokens,
             self.policy.offload_prompt_only,
         )
 
-    def _storable_chunks(self, req: _Request, i: int, offloadable: int) -> int:
+    def _storable_chunks(self, req: RequestState, i: int, offloadable: int) -> int:
         gc, state = self.chunking.groups[i], req.groups[i]
         return storable_chunk_count(
             gc, offloadable, req.num_prompt_tokens, req.finished, len(state.block_ids),
             len(state.keys),
         )
 
-    def _advance(self, req: _Request, offloadable: int) -> None:
+    def _advance(self, req: RequestState, offloadable: int) -> None:
         for i, state in enumerate(req.groups):
             state.next_stored_chunk = max(
                 state.next_stored_chunk, self._storable_chunks(req, i, offloadable)
@@ -591,7 +471,7 @@ class Planner:
         return self._store_job_of(req, offered, set(plan.keys_to_store), ranges)
 
     def _store_job_of(
-        self, req: _Request, offered: Sequence[bytes], to_store: set[bytes],
+        self, req: RequestState, offered: Sequence[bytes], to_store: set[bytes],
         ranges: Sequence[tuple[int, int]],
     ) -> tuple[int, StoreJob]:
         """The job for the offered keys the store accepted: blocks group-major."""
@@ -620,7 +500,7 @@ class Planner:
         keys = tuple(k for k in offered if k in to_store)
         job_id = self._job_id()
         req.jobs.add(job_id)
-        self._jobs[job_id] = _Job(req.req_id, keys, is_store=True)
+        self._jobs[job_id] = JobRecord(req.req_id, keys, is_store=True)
         return job_id, StoreJob(
             req_id=req.req_id,
             keys=keys,
@@ -659,7 +539,7 @@ class Planner:
                 indices[i] = boundary // gc.group.tokens_per_block - 1
                 job_id = self._job_id()
                 req.jobs.add(job_id)
-                self._jobs[job_id] = _Job(req_id, (key,), is_store=True)
+                self._jobs[job_id] = JobRecord(req_id, (key,), is_store=True)
                 jobs.append(
                     (
                         job_id,
@@ -696,7 +576,7 @@ class Planner:
         req.finished = True
         if block_hashes is not None:
             req.block_hashes = tuple(block_hashes)
-            _update_keys(self.chunking, req)
+            update_keys(self.chunking, req)
 
     def reset(self) -> None:
         """Reset the offload cache: every stored chunk and in-flight job is forgotten."""

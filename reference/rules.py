@@ -54,28 +54,50 @@ class LastTokenRule(Enum):
     loses one token, and with it (``round_down`` to a chunk) a whole chunk."""
 
 
+class WindowRule(Enum):
+    """How many chunks a sliding-window group needs before a hit's end.
+
+    The first recomputed token (at the hit's end) attends to the ``W - 1`` tokens
+    before it (plus ``extra`` retained tokens), so those are what a hit needs; the
+    store keeps exactly them before every reachable boundary
+    (:func:`window_blocks_before_boundary`).
+    """
+
+    TOKENS_BEFORE_END = "tokens_before_end"
+    """Intended: the chunks holding the ``W - 1 + extra`` tokens before the end."""
+    WHOLE_WINDOW = "whole_window"
+    """vLLM 0.33.0 and 0.34.0 (``get_sliding_window_size_in_chunks``): at least
+    ``cdiv(W, tpc)`` chunks.  One chunk more than the store keeps when
+    ``(W - 1) % tpc == 0``, so such a window never hits (deviation
+    ``swa-window-one-past-a-chunk-never-hits``)."""
+
+
 # ---------------------------------------------------------------------------
 # Windows
 # ---------------------------------------------------------------------------
 
 
-def window_in_chunks(group: KVGroup, tokens_per_chunk: int, end_tokens: int = 0) -> int | None:
+def window_in_chunks(
+    group: KVGroup,
+    tokens_per_chunk: int,
+    end_tokens: int = 0,
+    rule: WindowRule = WindowRule.TOKENS_BEFORE_END,
+) -> int | None:
     """Chunks a hit ending at ``end_tokens`` needs at its end; ``None``: the whole prefix.
 
-    Sliding window ``W`` with ``extra`` retained tokens:
-    ``max(cdiv(W, tpc), cdiv(W - 1 + extra + pad, tpc))`` where ``pad`` is the
-    distance from ``end_tokens`` to the next chunk end (an unaligned end reaches
-    one chunk further left).  Chunked-local: ``cdiv(attention_chunk, tpc)``.
-    Mamba: 1.  Full attention: none.  With ``end_tokens`` aligned this is vLLM's
-    ``get_sliding_window_size_in_chunks``.
+    Sliding window ``W`` with ``extra`` retained tokens: ``cdiv(W - 1 + extra + pad,
+    tpc)`` chunks (at least one), where ``pad`` is the distance from ``end_tokens``
+    to the next chunk end (an unaligned end reaches one chunk further left); under
+    :attr:`WindowRule.WHOLE_WINDOW` at least ``cdiv(W, tpc)``.  Chunked-local:
+    ``cdiv(attention_chunk, tpc)``.  Mamba: 1.  Full attention: none.
     """
     if group.kind is GroupKind.SLIDING_WINDOW:
         assert group.sliding_window is not None
         pad = -end_tokens % tokens_per_chunk
-        return max(
-            cdiv(group.sliding_window, tokens_per_chunk),
-            cdiv(group.sliding_window - 1 + group.extra_retained_tokens + pad, tokens_per_chunk),
-        )
+        before = cdiv(group.sliding_window - 1 + group.extra_retained_tokens + pad, tokens_per_chunk)
+        if rule is WindowRule.WHOLE_WINDOW:
+            return max(cdiv(group.sliding_window, tokens_per_chunk), before)
+        return max(1, before)
     if group.kind is GroupKind.CHUNKED_LOCAL:
         assert group.attention_chunk_size is not None
         return cdiv(group.attention_chunk_size, tokens_per_chunk)
@@ -359,7 +381,9 @@ def hit_limit(
     return limit
 
 
-def needed_chunks(gc: GroupChunking, computed: int, end: int) -> range:
+def needed_chunks(
+    gc: GroupChunking, computed: int, end: int, rule: WindowRule = WindowRule.TOKENS_BEFORE_END
+) -> range:
     """Chunks of a group a hit from ``computed`` to ``end`` needs: full attention every
     chunk from the one holding ``computed`` up to the one holding ``end - 1``; a
     windowed group only the last :func:`window_in_chunks` of those; EAGLE groups one
@@ -367,7 +391,7 @@ def needed_chunks(gc: GroupChunking, computed: int, end: int) -> range:
     tpc = gc.tokens_per_chunk
     first = computed // tpc
     stop = cdiv(end, tpc) + eagle_extra_chunks(gc.group)
-    window = window_in_chunks(gc.group, tpc, end)
+    window = window_in_chunks(gc.group, tpc, end, rule)
     if window is None:
         return range(first, stop)
     return range(max(first, stop - window - eagle_extra_chunks(gc.group)), stop)
@@ -375,10 +399,11 @@ def needed_chunks(gc: GroupChunking, computed: int, end: int) -> range:
 
 def group_holds(
     gc: GroupChunking, num_keys: int, held: Callable[[int], bool], computed: int, end: int,
+    rule: WindowRule = WindowRule.TOKENS_BEFORE_END,
 ) -> bool:
     """A group can serve a hit ending at ``end`` when every one of its
     :func:`needed_chunks` is keyed (below ``num_keys``) and held in the store."""
-    chunks = needed_chunks(gc, computed, end)
+    chunks = needed_chunks(gc, computed, end, rule)
     return chunks.stop <= num_keys and all(held(k) for k in chunks)
 
 
@@ -396,7 +421,7 @@ def aligned_to_chunks(groups: Sequence[GroupChunking], end: int) -> bool:
 
 def _largest_end(
     groups: Sequence[GroupChunking], positions: Sequence[int], num_keys: Sequence[int],
-    held: Callable[[int, int], bool], computed: int, limit: int, align: bool,
+    held: Callable[[int, int], bool], computed: int, limit: int, align: bool, rule: WindowRule,
 ) -> int:
     """The largest ``end`` in ``(computed, limit]`` every group in ``positions`` holds."""
     members = [groups[p] for p in positions]
@@ -409,7 +434,7 @@ def _largest_end(
         if align and not aligned_to_chunks(members, end):
             continue
         if all(
-            group_holds(groups[p], num_keys[p], partial(held, p), computed, end)
+            group_holds(groups[p], num_keys[p], partial(held, p), computed, end, rule)
             for p in positions
         ):
             return end
@@ -423,6 +448,7 @@ def hit(
     computed: int,
     limit: int,
     align: bool,
+    rule: WindowRule = WindowRule.TOKENS_BEFORE_END,
 ) -> int:
     """Tokens past ``computed`` a lookup hits (``held(g, k)``: chunk ``k`` of the group at
     position ``g`` is in the store; ``limit`` from :func:`hit_limit`).
@@ -437,11 +463,11 @@ def hit(
     windowed = [p for p, gc in enumerate(groups) if gc.window_in_chunks is not None]
     end = limit
     for p in full:
-        end = _largest_end(groups, (p,), num_keys, held, computed, end, align)
+        end = _largest_end(groups, (p,), num_keys, held, computed, end, align, rule)
         if not at_least_one_chunk(groups[p], computed, end):
             return 0
     if windowed:
-        end = _largest_end(groups, windowed, num_keys, held, computed, end, align)
+        end = _largest_end(groups, windowed, num_keys, held, computed, end, align, rule)
         if not all(at_least_one_chunk(groups[p], computed, end) for p in windowed):
             return 0
     return end - computed

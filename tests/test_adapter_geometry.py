@@ -33,6 +33,10 @@ import torch  # noqa: E402
 
 from reference.geometry import GroupKind  # noqa: E402
 from reference.knobs import window_in_chunks  # noqa: E402
+from reference.rules import WindowRule  # noqa: E402
+
+WHOLE = WindowRule.WHOLE_WINDOW
+"""vLLM's config field ``sliding_window_size_in_chunks`` (reference.rules.WindowRule)."""
 from vllm_adapter import vllm_api as V  # noqa: E402
 from vllm_adapter.geometry import (  # noqa: E402
     VllmRejected,
@@ -302,7 +306,7 @@ def test_geometry_matches_vllm_resolvers(name: str, dcp: int) -> None:
         # The window rule, on vLLM's own function, for a few chunk spans.
         for b in (1, 2, 3, 8):
             tpc = g.tokens_per_block * b
-            assert window_in_chunks(g, tpc) == V.get_sliding_window_size_in_chunks(first, tpc)
+            assert window_in_chunks(g, tpc, rule=WHOLE) == V.get_sliding_window_size_in_chunks(first, tpc)
 
 
 @pytest.mark.parametrize("name", sorted(CATALOGUE))
@@ -317,7 +321,7 @@ def test_geometry_matches_build_offloading_config(name: str) -> None:
         assert got.tokens_per_hash == geo.tokens_per_hash
         assert got.tokens_per_block == {g.index: g.tokens_per_block for g in geo.groups}
         assert got.sliding_window_size_in_chunks == {
-            g.index: window_in_chunks(g, g.tokens_per_block * b) for g in geo.groups
+            g.index: window_in_chunks(g, g.tokens_per_block * b, rule=WHOLE) for g in geo.groups
         }
 
 

@@ -34,6 +34,10 @@ from test_adapter_geometry import (  # noqa: E402
 )
 
 from reference.knobs import resolve_extra_config, window_in_chunks  # noqa: E402
+from reference.rules import WindowRule  # noqa: E402
+
+WHOLE = WindowRule.WHOLE_WINDOW
+"""vLLM's config field ``sliding_window_size_in_chunks`` (reference.rules.WindowRule)."""
 from vllm_adapter import vllm_api as V  # noqa: E402
 from vllm_adapter.connector import (  # noqa: E402
     KvchunkOffloadingConnector,
@@ -365,7 +369,8 @@ def test_random_extra_configs_value_error_or_vllm_runs_it(extra: dict[str, Any])
     ran = vllm_blocks_per_chunk(kv, vc, vllm_extra)
     assert ran.blocks_per_chunk == bpc
     assert ran.sliding_window_size_in_chunks == {
-        gc.group.index: window_in_chunks(gc.group, gc.tokens_per_chunk) for gc in chunking.groups
+        gc.group.index: window_in_chunks(gc.group, gc.tokens_per_chunk, rule=WHOLE)
+        for gc in chunking.groups
     }
     # Where the stock connector also accepts the original, it means the same thing.
     try:

@@ -46,7 +46,7 @@ needs_shm = pytest.mark.skipif(
 
 
 def _driver(name: str, extra: dict[str, int], kvchunk: bool, nb: int, nc: int) -> Any:
-    from conformance.kvdata import fixture_driver
+    from conformance.fixture_runs import fixture_driver
 
     return fixture_driver(
         name,

@@ -17,6 +17,7 @@ from reference.plan import (
     Planner,
     Policy,
     ScheduledRequest,
+    WindowRule,
 )
 from reference.store import ChunkStore
 
@@ -104,3 +105,35 @@ def test_failed_load_retry_switch() -> None:
         assert load is not None
         planner.job_done(planner.last_job_id, success=False)  # type: ignore[arg-type]
         assert planner.lookup("b", HASHES, len(PROMPT), 0) == expected, reload
+
+
+# Full attention at 64 tokens/block, sliding window 33 = 32 + 1 at 16 tokens/block.
+FA64_SW33 = Geometry(
+    (
+        KVGroup(0, GroupKind.FULL, 64, 64),
+        KVGroup(1, GroupKind.SLIDING_WINDOW, 16, 64, sliding_window=33),
+    ),
+    tokens_per_hash=16,
+)
+
+
+def _replayed_hit(rule: WindowRule) -> int:
+    """A 256-token prompt stored, then the same prompt again: the hit (no GPU cache)."""
+    from conformance.sim import SimEngine
+
+    sim = SimEngine(resolve(FA64_SW33, BlocksPerChunk(2)), policy=Policy(window=rule))
+    prompt = list(range(256))
+    sim.run_request("a", prompt, budget=512)
+    again = sim.run_request("b", prompt, budget=512)
+    return 0 if again.loaded is None else again.loaded.hit_tokens
+
+
+def test_window_rule_asks_only_the_tokens_before_the_end() -> None:
+    """bpc 2: full chunks of 128 tokens, window chunks of 32.  The last token is
+    recomputed, so the hit ends at 128; token 128 attends to tokens 96..127, one
+    window chunk (chunk 3), which the store kept for that boundary (it keeps
+    cdiv(33 - 1, 16) = 2 blocks before each).  vLLM's rule asks cdiv(33, 32) = 2
+    chunks, chunks 2 and 3; chunk 2 was never stored, so it never hits
+    (deviation swa-window-one-past-a-chunk-never-hits)."""
+    assert _replayed_hit(WindowRule.TOKENS_BEFORE_END) == 128
+    assert _replayed_hit(WindowRule.WHOLE_WINDOW) == 0

@@ -92,3 +92,12 @@ def test_readme_deepseek_command_pins_its_gpu_block_size_and_tokenizer(variant: 
     assert dsv4[dsv4.index("--block-size") + 1] == "256"
     assert dsv4[dsv4.index("--kv-cache-dtype") + 1] == "fp8"
     assert dsv4[dsv4.index("--tokenizer-mode") + 1] == "deepseek_v4"
+
+
+def test_first_screen_holds_the_problem_the_commands_and_what_you_get() -> None:
+    """#12: the first 40 lines carry the AssertionError, both commands and the report path."""
+    first = "\n".join(README.read_text().splitlines()[:40])
+    assert "AssertionError" in first and "gemma-4" in first and "DeepSeek-V4" in first
+    assert "nox -s conformance" in first and "nox -s tests" in first
+    assert "reports/conformance.md" in first and "faults" in first
+    assert f'"kv_connector": "{KVCHUNK_CONNECTOR}"' in first

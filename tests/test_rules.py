@@ -44,10 +44,15 @@ def _sw(window: int, tpb: int = 16, extra: int = 0, eagle: bool = False) -> KVGr
 
 
 def test_window_in_chunks() -> None:
-    # W=128, span 32: max(cdiv(128,32), cdiv(127,32)) = max(4, 4) = 4.
+    whole = rules.WindowRule.WHOLE_WINDOW
+    # W=128, span 32: the 127 tokens before the end lie in cdiv(127, 32) = 4 chunks.
     assert rules.window_in_chunks(_sw(128), 32) == 4
-    # W=129: cdiv(129,32)=5 beats cdiv(128,32)=4.
-    assert rules.window_in_chunks(_sw(129), 32) == 5
+    assert rules.window_in_chunks(_sw(128), 32, rule=whole) == 4  # max(cdiv(128,32), 4)
+    # W=129: the 128 tokens before the end are 4 chunks; vLLM's rule asks cdiv(129,32)=5.
+    assert rules.window_in_chunks(_sw(129), 32) == 4
+    assert rules.window_in_chunks(_sw(129), 32, rule=whole) == 5
+    # W=1 attends to no earlier token; one chunk is still asked (no empty window).
+    assert rules.window_in_chunks(_sw(1), 32) == 1
     # Extra retained 40 tokens: cdiv(128-1+40, 32) = cdiv(167,32) = 6.
     assert rules.window_in_chunks(_sw(128, extra=40), 32) == 6
     # End 250 is 6 short of a chunk end: cdiv(127+6, 32) = 5; end 255 pads 1: cdiv(128,32)=4.
@@ -63,10 +68,11 @@ def test_window_blocks_before_boundary() -> None:
     # W + extra - 1 tokens before the boundary: cdiv(127, 16) = 8 blocks; EAGLE one more.
     assert rules.window_blocks_before_boundary(_sw(128)) == 8
     assert rules.window_blocks_before_boundary(_sw(128, eagle=True)) == 9
-    # W=17 at 16 tokens/block: 16 tokens before the boundary, one block, although the
-    # lookup window is cdiv(17, 16) = 2 chunks of one block.
+    # W=17 at 16 tokens/block: 16 tokens before the boundary, one block; the intended
+    # lookup asks the same one chunk, vLLM's cdiv(17, 16) = 2 chunks of one block.
     assert rules.window_blocks_before_boundary(_sw(17)) == 1
-    assert rules.window_in_chunks(_sw(17), 16) == 2
+    assert rules.window_in_chunks(_sw(17), 16) == 1
+    assert rules.window_in_chunks(_sw(17), 16, rule=rules.WindowRule.WHOLE_WINDOW) == 2
 
 
 def test_hit_limit_last_token_rules() -> None:

@@ -370,7 +370,7 @@ def test_world_size_above_one_reports_each_job_once_per_worker() -> None:
     vLLM's scheduler completes a job after ``world_size`` reports (one per rank);
     one report per job left every store pending while the session said it was idle.
     """
-    from conformance.kvdata import fixture_driver
+    from conformance.fixture_runs import fixture_driver
     driver = fixture_driver(
         "gemma-4-31B-it-tp2", {"blocks_per_chunk": 1}, num_gpu_blocks=224, num_cpu_chunks=256
     )

@@ -70,7 +70,8 @@ def cuda_setup(geometry: str, blocks_per_chunk: int) -> dict[str, Any]:
 def _build(geometry: str, blocks_per_chunk: int) -> dict[str, Any]:
     """KV cache on the GPU, its canonical tensors, and both workers over them."""
     from conformance import gpu_copy as gpu
-    from conformance.kvdata import SyntheticModelRunner, fixture_driver
+    from conformance.fixture_runs import fixture_driver
+    from conformance.kvdata import SyntheticModelRunner
     from reference.mathutil import cdiv
     from vllm_adapter.spec import ReferenceOffloadingWorker, canonical_gpu_tensors
 

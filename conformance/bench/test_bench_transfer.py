@@ -78,7 +78,8 @@ def _flat(storage: Any) -> torch.Tensor:
 @functools.lru_cache(maxsize=1)
 def kv_geometry(name: str) -> KvGeometry:
     """vLLM's canonical KV tensors for fixture ``name``, every page touched and row-tagged."""
-    from conformance.kvdata import SyntheticModelRunner, fixture_driver
+    from conformance.fixture_runs import fixture_driver
+    from conformance.kvdata import SyntheticModelRunner
 
     driver = fixture_driver(
         name, {"blocks_per_chunk": 1}, num_gpu_blocks=NUM_BLOCKS, num_cpu_chunks=1

@@ -70,10 +70,13 @@ from conformance.driver.configs import (
     TINY_LLAMA,
     full_attention_kv_cache_config,
     full_mamba_align_kv_cache_config,
+    full_padded_swa_kv_cache_config,
     full_swa_kv_cache_config,
     full_swa_two_layer_kv_cache_config,
     swa_eagle_kv_cache_config,
     swa_mtp_kv_cache_config,
+    unequal_pages_kv_cache_config,
+    unequal_pages_worker_view,
 )
 from conformance.driver.driver import VllmDriver
 from conformance.driver.engine import TransferEngine
@@ -97,9 +100,12 @@ __all__ = [
     "build_vllm_config",
     "full_attention_kv_cache_config",
     "full_mamba_align_kv_cache_config",
+    "full_padded_swa_kv_cache_config",
     "full_swa_kv_cache_config",
     "full_swa_two_layer_kv_cache_config",
     "sampled_token",
     "swa_eagle_kv_cache_config",
     "swa_mtp_kv_cache_config",
+    "unequal_pages_kv_cache_config",
+    "unequal_pages_worker_view",
 ]

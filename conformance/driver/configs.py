@@ -8,6 +8,7 @@ The configs carry no ``kv_cache_tensors``: the scheduler needs none, and
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -119,6 +120,43 @@ def swa_mtp_kv_cache_config(
 def full_swa_two_layer_kv_cache_config(num_blocks: int = 1024) -> Any:
     """FA64 + SW128@16 with two layers per group (several canonical tensors per slot)."""
     return full_swa_kv_cache_config(64, 16, 128, num_blocks, num_layers=2)
+
+
+def full_padded_swa_kv_cache_config(num_blocks: int = 1024) -> Any:
+    """FA64 + SW128@16 whose window layer's real page is half of :data:`PAGE_BYTES`,
+    padded to it (``page_size_padded``): the worker must copy the real page only."""
+    real = _attn_kwargs(16)
+    real["head_size"] //= 2
+    swa = V.SlidingWindowSpec(**real, sliding_window=128, page_size_padded=PAGE_BYTES)
+    full = _group("full", V.FullAttentionSpec(**_attn_kwargs(64)))
+    return _kv_cache_config([full, _group("swa", swa)], num_blocks)
+
+
+def _unequal_pages_specs() -> dict[str, Any]:
+    big = _attn_kwargs(16)
+    small = {**big, "head_size": big["head_size"] // 2}
+    return {"model.layers.full.0.attn": V.FullAttentionSpec(**big),
+            "model.layers.full.1.attn": V.FullAttentionSpec(**small)}
+
+
+def unequal_pages_kv_cache_config(num_blocks: int = 1024) -> Any:
+    """The scheduler's view of one full-attention group (16 tokens a block) of two
+    layers whose pages differ (:data:`PAGE_BYTES` and half of it); the workers get
+    :func:`unequal_pages_worker_view` (a chunk slot's tensors have unequal pages)."""
+    specs = _unequal_pages_specs()
+    first = next(iter(specs.values()))
+    return _kv_cache_config([V.KVCacheGroupSpec(list(specs), first)], num_blocks)
+
+
+def unequal_pages_worker_view(kv_cache_config: Any) -> Any:
+    """``kv_cache_config`` (resolved) with the group's layers merged as vLLM merges them
+    for the workers (``UniformTypeKVCacheSpecs``, each layer its own page)."""
+    out = copy.deepcopy(kv_cache_config)
+    specs = _unequal_pages_specs()
+    group = out.kv_cache_groups[0]
+    out.kv_cache_groups[0] = V.KVCacheGroupSpec(
+        group.layer_names, V.UniformTypeKVCacheSpecs.from_specs(specs))
+    return out
 
 
 def full_mamba_align_kv_cache_config(

@@ -83,7 +83,8 @@ def replace_seed(sc: FaultScenario, seed: int) -> FaultScenario:
 def scenario_driver(sc: FaultScenario) -> Any:
     """The scenario's :class:`~conformance.driver.VllmDriver` (reference spec, recompute policy)."""
     from conformance import driver as D
-    from conformance.kvdata import fixture_driver, with_planned_tensors
+    from conformance.fixture_runs import fixture_driver
+    from conformance.kvdata import with_planned_tensors
 
     extra = {BLOCKS_PER_CHUNK: sc.blocks_per_chunk}
     if sc.fixture in _SYNTHETIC:

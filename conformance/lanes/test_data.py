@@ -29,14 +29,10 @@ pytest.importorskip("vllm")
 
 from conformance import cases  # noqa: E402
 from conformance import driver as D  # noqa: E402
-from conformance.kvdata import (  # noqa: E402
-    REFERENCE_SPEC,
-    DataStats,
-    FixtureCase,
-    SyntheticModelRunner,
-    with_planned_tensors,
-)
+from conformance.fixture_runs import FixtureCase  # noqa: E402
+from conformance.kvdata import DataStats, SyntheticModelRunner, with_planned_tensors  # noqa: E402
 from conformance.trace import RequestSpec  # noqa: E402
+from vllm_adapter.names import REFERENCE_SPEC  # noqa: E402
 
 # ---------------------------------------------------------------------------
 # Workload
@@ -124,6 +120,8 @@ class SyntheticCase:
     retention: int | None = 0
     prompt_len: int = 600
     budget: int = 128
+    worker_view: str | None = None
+    """A ``conformance.driver`` function giving the workers' view of the resolved config."""
 
     @property
     def knob(self) -> str:
@@ -149,6 +147,8 @@ FULL, SWA, SWA2, MAMBA, EAGLE = (
     ("synthetic-full-mamba-align", "full_mamba_align_kv_cache_config"),
     ("synthetic-eagle", "swa_eagle_kv_cache_config"),
 )
+PADDED = ("synthetic-full-padded-swa", "full_padded_swa_kv_cache_config")
+UNEQUAL = ("synthetic-unequal-pages", "unequal_pages_kv_cache_config")
 SYNTHETIC = [
     SyntheticCase(*FULL, 1, 120, 48),
     SyntheticCase(*FULL, 4, 120, 48),
@@ -167,6 +167,10 @@ SYNTHETIC = [
     SyntheticCase(*MAMBA, 2, 96, 48, planned=True),
     SyntheticCase(*MAMBA, 4, 96, 48, planned=True),
     SyntheticCase(*EAGLE, 2, 160, 64),
+    # The window layer's page padded: only its real bytes travel.
+    SyntheticCase(*PADDED, 2, 160, 64),
+    # Two layers of unequal pages in one group: sub-slots strided by each tensor's page.
+    SyntheticCase(*UNEQUAL, 2, 120, 48, worker_view="unequal_pages_worker_view"),
 ]
 
 
@@ -175,6 +179,13 @@ SYNTHETIC = [
 def test_synthetic_loads_carry_the_stored_bytes(case: SyntheticCase, record_property: Any) -> None:
     record_property("fixture", case.fixture)
     record_property("knob", case.knob)
+    driver = synthetic_driver(case)
+    stats = run_workload(driver, prompt_len=case.prompt_len, budget=case.budget)
+    record_and_check(stats, record_property)
+
+
+def synthetic_driver(case: SyntheticCase) -> D.VllmDriver:
+    """The case's driver: its synthetic config, planned tensors and worker view applied."""
     kvc = getattr(D, case.builder)(num_blocks=case.num_gpu_blocks)
     driver = D.VllmDriver.from_kv_cache_config(
         kvc,
@@ -186,8 +197,11 @@ def test_synthetic_loads_carry_the_stored_bytes(case: SyntheticCase, record_prop
     if case.planned:
         planned = with_planned_tensors(driver.kv_cache_config, driver.vllm_config)
         driver = D.VllmDriver(planned, driver.vllm_config)
-    stats = run_workload(driver, prompt_len=case.prompt_len, budget=case.budget)
-    record_and_check(stats, record_property)
+    if case.worker_view is not None:
+        worker = getattr(D, case.worker_view)(driver.kv_cache_config)
+        driver = D.VllmDriver(driver.kv_cache_config, driver.vllm_config,
+                              worker_kv_cache_config=worker)
+    return driver
 
 
 # ---------------------------------------------------------------------------

@@ -36,7 +36,7 @@ pytest.importorskip("vllm")
 
 from conformance import gpu_copy as G  # noqa: E402
 from conformance.cases import DSV4, GEMMA  # noqa: E402
-from conformance.kvdata import FixtureCase  # noqa: E402
+from conformance.fixture_runs import FixtureCase  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -176,6 +176,9 @@ EDGE_CASES = [
     # MTP: a 32-token window retaining 2 more tokens spans 2 chunks of 32, not 1.
     PlanCase("fa64+sw32+mtp2@16", "blocks_per_chunk=2", "swa_mtp_kv_cache_config",
              (64, 16, 32, 2), (("blocks_per_chunk", 2),), 0),
+    # A window (16) under a chunk (64 tokens of the window group): a prefill step ending
+    # mid-chunk frees the chunk's first block, so its store carries a null block.
+    _case("fa64+sw16@16", "full_swa_kv_cache_config", (64, 16, 16), 4),
 ]
 """Geometries and knobs at the rules' edges (found by the meta lane's mutation score)."""
 
@@ -194,7 +197,8 @@ def edge_workloads() -> tuple[T.WorkloadSpec, ...]:
 
     Exact repeats of chunk-aligned prompts (hits end at the last token) and of one
     token more, after a GPU-only reset, with decode steps (EAGLE tails, decode
-    stores); the budget of 512 prefills a prompt in one step, and the last workload
+    stores); the budget of 512 prefills a prompt in one step, that of 32 ends steps
+    mid-chunk (``fa64+sw16@16`` then stores null blocks), and the last workload
     decodes 20 tokens (an EAGLE group's volatile tail chunk).  A repeat of a longer
     prompt loads on 0.34.0 (0.33.0 subtracts the last token after the caps: on
     ``fa64+sw33@16`` it loads nothing, an open problem).
@@ -221,5 +225,5 @@ def edge_workloads() -> tuple[T.WorkloadSpec, ...]:
             max_num_batched_tokens=budget,
             resets=(T.ResetSpec(step=30), T.ResetSpec(step=35)),
         )
-        for n, budget in ((256, 64), (257, 96), (256, 512))
+        for n, budget in ((256, 64), (257, 96), (256, 512), (256, 32))
     ), decode)

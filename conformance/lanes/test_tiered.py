@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from conformance import tiered as T  # noqa: E402
-from conformance.kvdata import FixtureCase  # noqa: E402
+from conformance.fixture_runs import FixtureCase  # noqa: E402
 
 pytestmark = pytest.mark.data
 

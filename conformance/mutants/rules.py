@@ -49,7 +49,7 @@ TARGETS: dict[str, tuple[str, str]] = {
     "resolution": ("reference.knobs", "resolve"),
     "block_size knob": ("reference.knobs", "_blocks_for_block_size"),
     "slot layout": ("reference.transfer", "TransferLayout.region_offset"),
-    "sub-slot layout": ("reference.transfer", "TransferLayout.sub_slot_offset"),
+    "sub-slot layout": ("reference.transfer", "plan_copies"),
 }
 """Where each rule lives now (re-point here when the reference moves a function)."""
 
@@ -123,7 +123,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "return self._tensor_starts[tensor]")),
     _r("rule_sub_slot_stride_of_tensor0", STRIDE,
        "every tensor's sub-slots strided by tensor 0's page size", "sub-slot layout",
-       one("+ sub_slot * self.page_bytes[tensor]", "+ sub_slot * self.page_bytes[0]")),
+       one("_tensor_copies(t, layout.page_bytes[t], pieces[t])",
+           "_tensor_copies(t, layout.page_bytes[0], pieces[t])")),
 )
 """Every rule mutant, in rule order."""
 
