@@ -152,6 +152,7 @@ _PLAN_CASES = (
     "fa64+sw40@16/blocks_per_chunk=2/retention=0",
     "fa64+sw33@16/blocks_per_chunk=2/retention=0",
     "fa64+sw32+mtp2@16/blocks_per_chunk=2/retention=0",
+    "fa64+sw32+mtp1@16/blocks_per_chunk=2/retention=0",
     "fa64+sw16@16/blocks_per_chunk=4/retention=0",
     "fa64+eagle-sw128@16 decode stores/blocks_per_chunk=1 offload_prompt_only=False/retention=0",
     "fa64+eagle-sw128@16/blocks_per_chunk=2/retention=0",
@@ -193,7 +194,8 @@ def fixed_workloads(max_len: int = 520) -> tuple[T.WorkloadSpec, ...]:
 def _plan_case(case_id: str) -> Any:
     from conformance.lanes import test_plan as lane
 
-    return next(c for c in (*lane.CASES, *lane.EDGE_CASES) if str(c) == case_id)
+    return next(c for c in (*lane.CASES, *lane.EDGE_CASES, *lane.EDGE_WORKLOAD_CASES)
+                if str(c) == case_id)
 
 
 @cache
@@ -217,8 +219,11 @@ def _plan_check(case_id: str, index: int) -> Check:
 
     from conformance.lanes import test_plan as lane
 
-    edge = any(str(c) == case_id for c in lane.EDGE_CASES)
-    test = "test_plans_agree_at_the_edges" if edge else "test_plans_agree"
+    test = "test_plans_agree"
+    if any(str(c) == case_id for c in lane.EDGE_CASES):
+        test = "test_plans_agree_at_the_edges"
+    elif any(str(c) == case_id for c in lane.EDGE_WORKLOAD_CASES):
+        test = "test_edge_workloads_agree"
     return Check("plan", f"{test}[{case_id}]/workload{index}", _PLAN, run)
 
 
@@ -256,7 +261,8 @@ def _eviction_check(case_id: str, index: int) -> Check:
 
 _DATA_CASES = ("synthetic-full-swa-bpc2-planned", "synthetic-full-swa-bpc4",
                "synthetic-full-swa-2layer-bpc2", "synthetic-full-swa-2layer-bpc2-planned",
-               "synthetic-full-padded-swa-bpc2", "synthetic-unequal-pages-bpc2")
+               "synthetic-full-padded-swa-bpc2", "synthetic-unequal-pages-bpc2",
+               "synthetic-full-swa-2layer-bpc2-planned-BLHNC")
 
 
 @cache

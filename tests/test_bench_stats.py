@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from conformance.bench import TARGETS, Measured, Target, ratio_fields
 from conformance.bench.stats import RatioInterval, classify, paired_interval, t_975
 
 
@@ -68,3 +69,60 @@ def test_classify_needs_exactly_one_bound() -> None:
         classify(iv)
     with pytest.raises(ValueError, match="exactly one"):
         classify(iv, min_ratio=0.5, max_ratio=2.0)
+
+
+# A miss must repeat (conformance.bench.Target.verdict / ratio_fields).
+
+_TRANSFER = {"kind": "transfer", "blocks_per_chunk": 16}
+"""A figure the transfer target (>= 0.8 for blocks_per_chunk >= 4) applies to."""
+
+
+def _target() -> Target:
+    (target,) = [t for t in TARGETS if t.applies(_TRANSFER)]
+    return target
+
+
+@pytest.mark.parametrize(
+    "first,again,verdict",
+    [
+        ((0.66, 0.56, 0.78), None, "missed"),  # no second batch recorded: the miss stands
+        ((0.66, 0.56, 0.78), (0.70, 0.60, 0.79), "missed"),  # repeated
+        ((0.66, 0.56, 0.78), (0.95, 0.85, 1.05), "inconclusive"),  # not repeated: noise
+        ((0.66, 0.56, 0.78), (0.85, 0.75, 0.95), "inconclusive"),
+        ((0.90, 0.85, 0.95), (0.10, 0.05, 0.20), "met"),  # a second batch never turns a met
+    ],
+)
+def test_a_miss_stands_only_when_it_repeats(
+    first: tuple[float, float, float], again: tuple[float, float, float] | None, verdict: str
+) -> None:
+    row: dict[str, object] = {**_TRANSFER, "ratio": first[0], "ratio_ci": list(first[1:])}
+    if again is not None:
+        row |= {"confirm_ratio": again[0], "confirm_ratio_ci": list(again[1:])}
+    assert _target().verdict(row) == verdict
+    if again is not None:
+        assert "measured again" in _target().explain(row)
+
+
+def _measured(candidate: float, baseline: float, rounds: int = 3) -> Measured:
+    return Measured([candidate] * rounds, {"memcpy": [baseline] * (rounds + 1)})
+
+
+def test_ratio_fields_measures_again_only_after_a_miss() -> None:
+    calls: list[float] = []
+
+    def again() -> Measured:
+        calls.append(1.0)
+        return _measured(1.0, 0.9)  # speed 0.9: met this time
+
+    met = ratio_fields(_measured(1.0, 0.9), "memcpy", speed=True, about=_TRANSFER, again=again)
+    assert not calls and "confirm_ratio" not in met
+    missed = ratio_fields(_measured(1.0, 0.5), "memcpy", speed=True, about=_TRANSFER, again=again)
+    assert len(calls) == 1
+    assert missed["ratio"] == pytest.approx(0.5)
+    assert missed["confirm_ratio"] == pytest.approx(0.9)
+    assert _target().verdict(missed) == "inconclusive"
+    small = ratio_fields(  # B = 1: no target applies, so no second batch
+        _measured(1.0, 0.5), "memcpy", speed=True,
+        about={**_TRANSFER, "blocks_per_chunk": 1}, again=again,
+    )
+    assert len(calls) == 1 and "confirm_ratio" not in small

@@ -15,7 +15,9 @@ figure's ratio is the geometric mean of the per-round ratios with a 95 %
 paired t-interval (:mod:`conformance.bench.stats`).  A target is "met" when
 the whole interval is on its side, "missed" when the whole interval is on the
 wrong side, "inconclusive" when it straddles the target (rerun); only "missed"
-fails ``nox -s bench``.  Medians of the raw times are reported too.  Objects
+fails ``nox -s bench``, and only when it repeats: a figure whose first batch
+missed is measured again at once (:func:`ratio_fields`), and a miss the second
+batch does not repeat is "inconclusive".  Medians of the raw times are reported too.  Objects
 alive when a measurement starts are frozen out of the garbage collector (a
 full collection of a process holding vLLM takes ~0.3 s), and it is off while
 anything is timed; the load average at start and end is recorded.
@@ -65,8 +67,9 @@ with other jobs makes OpenMP's 2-thread copies mostly scheduling noise),
 ``KVCHUNK_BENCH_DISK_MB`` (MiB per disk configuration, default 256),
 ``KVCHUNK_BENCH_DIR`` (where the disk benchmark writes; default a fresh
 directory in the checkout), ``KVCHUNK_BENCH_SUITE_EXAMPLES`` (default 12).
-The whole run took 168 s on a shared 2-core runner at load average ~4-6 (412 s at 4-14 with
-other test runs beside it).
+The whole run took 166 s on a 2-core runner alone (load average 2-3; 16 of 16 transfer
+figures met) and 1561 s beside a CI run and two test jobs (load average 4-7; 6 met,
+10 inconclusive, 0 missed).
 """
 
 from __future__ import annotations
@@ -112,22 +115,38 @@ class Target:
             and int(info.get("blocks_per_chunk", 0)) >= self.min_blocks_per_chunk
         )
 
-    def verdict(self, info: dict[str, Any]) -> Verdict:
-        """``met`` / ``missed`` / ``inconclusive`` of a figure's recorded interval."""
-        low, high = info["ratio_ci"]
-        interval = RatioInterval(float(info["ratio"]), float(low), float(high), 0)
+    def _classify(self, ratio: float, ci: Sequence[float]) -> Verdict:
+        interval = RatioInterval(float(ratio), float(ci[0]), float(ci[1]), 0)
         return classify(interval, min_ratio=self.min_ratio, max_ratio=self.max_ratio)
 
+    def verdict(self, info: dict[str, Any]) -> Verdict:
+        """``met`` / ``missed`` / ``inconclusive`` of a figure's recorded interval(s).
+
+        A miss must repeat: a figure whose first batch missed was measured again
+        (``confirm_ratio_ci``, :func:`ratio_fields`), and it is "missed" only when
+        the second batch misses too; a miss the second batch does not repeat is
+        "inconclusive".  (A figure recorded without a second batch keeps its miss.)
+        """
+        first = self._classify(info["ratio"], info["ratio_ci"])
+        if first != "missed" or "confirm_ratio_ci" not in info:
+            return first
+        again = self._classify(info["confirm_ratio"], info["confirm_ratio_ci"])
+        return "missed" if again == "missed" else "inconclusive"
+
     def explain(self, info: dict[str, Any]) -> str:
-        """The ratio, its interval and where it stands against the target."""
-        low, high = info["ratio_ci"]
+        """The ratio, its interval(s) and where it stands against the target."""
         bound = (
             f">= {self.min_ratio}" if self.min_ratio is not None else f"<= {self.max_ratio}"
         )
-        return (
-            f"{self.verdict(info)}: {float(info['ratio']):.3f} "
-            f"[{float(low):.3f}, {float(high):.3f}] vs {bound}"
-        )
+        text = f"{self.verdict(info)}: {_ci_text(info['ratio'], info['ratio_ci'])}"
+        if "confirm_ratio_ci" in info:
+            again = _ci_text(info["confirm_ratio"], info["confirm_ratio_ci"])
+            text += f", missed once, then {again} when measured again"
+        return f"{text} vs {bound}"
+
+
+def _ci_text(ratio: float, ci: Sequence[float]) -> str:
+    return f"{float(ratio):.3f} [{float(ci[0]):.3f}, {float(ci[1]):.3f}]"
 
 
 TARGETS: tuple[Target, ...] = (
@@ -261,6 +280,50 @@ def measure(
     for name, v in baselines.items():
         result.baselines[name].append(_timed(v))
     return result
+
+
+def interleaved(candidate: Variant, baselines: dict[str, Variant], rounds: int = ROUNDS) -> Measured:
+    """:func:`measure`'s protocol (``B A B A ... B``) without pytest-benchmark: a second batch."""
+    gc.collect()
+    gc.freeze()
+    result = Measured([], {name: [] for name in baselines})
+    for _ in range(rounds):
+        for name, v in baselines.items():
+            result.baselines[name].append(_timed(v))
+        result.candidate.append(_timed(candidate))
+    for name, v in baselines.items():
+        result.baselines[name].append(_timed(v))
+    return result
+
+
+def ratio_fields(
+    m: Measured,
+    baseline: str,
+    *,
+    speed: bool,
+    about: dict[str, Any],
+    again: Callable[[], Measured],
+) -> dict[str, Any]:
+    """``m``'s ratio fields, plus a second batch's (``confirm_*``) where a target missed.
+
+    ``about`` holds what :meth:`Target.applies` reads (``kind``, ``blocks_per_chunk``,
+    ``target_checked``).
+
+    The rounds of one batch are not independent samples of a shared machine: a
+    state (another job's phase, a memory-bandwidth neighbour) lasts seconds, i.e.
+    several rounds, so one batch's interval is narrower than the truth and a
+    noise spike can put it wholly on the wrong side.  A real regression misses in
+    every batch; a state that happened to last one batch does not repeat, so a
+    miss is re-measured once (``again()``, a fresh batch later in time) and stands
+    only if it repeats (:meth:`Target.verdict`).
+    """
+    fields = m.ratio_fields(baseline, speed=speed)
+    row = {**about, **fields}
+    if any(t.applies(row) and t.verdict(row) == "missed" for t in TARGETS):
+        second = again().interval(baseline, speed=speed)
+        fields["confirm_ratio"] = second.ratio
+        fields["confirm_ratio_ci"] = [second.low, second.high]
+    return fields
 
 
 def record(benchmark: Any, **info: Any) -> None:

@@ -37,7 +37,18 @@ from typing import Any
 
 import pytest
 
-from conformance.bench import CASES, GEOMETRIES, Variant, case_id, env_int, measure, record, rounded
+from conformance.bench import (
+    CASES,
+    GEOMETRIES,
+    Variant,
+    case_id,
+    env_int,
+    interleaved,
+    measure,
+    ratio_fields,
+    record,
+    rounded,
+)
 
 pytest.importorskip("vllm")
 
@@ -155,8 +166,7 @@ def test_oracle_step_time(benchmark: Any, geometry: str, blocks_per_chunk: int) 
     steps = int(plain.step_no)
     answers = oracle(trace)
 
-    m = measure(
-        benchmark,
+    variants = (
         Variant(oracle, lambda: trace),
         {
             "vllm": Variant(
@@ -164,6 +174,10 @@ def test_oracle_step_time(benchmark: Any, geometry: str, blocks_per_chunk: int) 
                 lambda: stock.session(max_num_batched_tokens=BUDGET_TOKENS, record=False),
             )
         },
+    )
+    m = measure(
+        benchmark,
+        *variants,
         rounds=ROUNDS,
         warmup=0,  # the recorded and the stock runs above, and the first oracle check, warmed up
     )
@@ -179,7 +193,11 @@ def test_oracle_step_time(benchmark: Any, geometry: str, blocks_per_chunk: int) 
         answers=answers,
         store_jobs=len(jobs) - loads,
         load_jobs=loads,
-        **m.ratio_fields("vllm", speed=False),
+        **ratio_fields(
+            m, "vllm", speed=False,
+            about={"kind": "oracle", "blocks_per_chunk": blocks_per_chunk},
+            again=lambda: interleaved(*variants, rounds=ROUNDS),
+        ),
         step_ms={
             "oracle": round(1e3 * m.median() / steps, 4),
             "vllm": round(1e3 * m.median("vllm") / steps, 4),

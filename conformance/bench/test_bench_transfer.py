@@ -29,7 +29,9 @@ from conformance.bench import (
     Measured,
     Variant,
     case_id,
+    interleaved,
     measure,
+    ratio_fields,
     record,
     rounded,
 )
@@ -189,7 +191,8 @@ def test_transfer(benchmark: Any, geometry: str, blocks_per_chunk: int, directio
     def candidate(_: Any) -> None:
         copy(job.layout, kv.tensors, job.pool, *job.args())
 
-    m: Measured = measure(benchmark, Variant(candidate), {"memcpy": Variant(limit)})
+    variants = (Variant(candidate), {"memcpy": Variant(limit)})
+    m: Measured = measure(benchmark, *variants)
     cand, base = m.median(), m.median("memcpy")
     record(
         benchmark,
@@ -204,7 +207,11 @@ def test_transfer(benchmark: Any, geometry: str, blocks_per_chunk: int, directio
         num_tensors=len(job.layout.group_refs[job.group]),
         page_bytes=list(job.layout.page_bytes),
         threads=torch.get_num_threads(),
-        **m.ratio_fields("memcpy", speed=True),
+        **ratio_fields(
+            m, "memcpy", speed=True,
+            about={"kind": "transfer", "blocks_per_chunk": blocks_per_chunk},
+            again=lambda: interleaved(*variants),
+        ),
         ratio_of_medians=base / cand,
         candidate_gbps=n / cand / 1e9,
         limit_gbps=n / base / 1e9,

@@ -122,12 +122,16 @@ class SyntheticCase:
     budget: int = 128
     worker_view: str | None = None
     """A ``conformance.driver`` function giving the workers' view of the resolved config."""
+    layout: str = "LBHNC"
+    """The planned tensors' KV-cache layout (``BLHNC``: block-outermost, layers packed per block)."""
 
     @property
     def knob(self) -> str:
         text = f"blocks_per_chunk={self.blocks_per_chunk}"
         if self.planned:
             text += ", planned KV tensors"
+        if self.layout != "LBHNC":
+            text += f", layout {self.layout}"
         if self.retention != 0:
             text += f", retention={self.retention}"
         return text
@@ -137,6 +141,7 @@ class SyntheticCase:
             f"{self.fixture}-bpc{self.blocks_per_chunk}"
             + ("-planned" if self.planned else "")
             + ("" if self.retention == 0 else f"-retention{self.retention}")
+            + ("" if self.layout == "LBHNC" else f"-{self.layout}")
         )
 
 
@@ -162,6 +167,9 @@ SYNTHETIC = [
     # Two layers per group: several tensors per chunk slot (regions, sub-slot strides).
     SyntheticCase(*SWA2, 2, 160, 64),
     SyntheticCase(*SWA2, 2, 160, 64, planned=True),
+    # Block-outermost layout: each block packs every layer's page, so a layer view's block
+    # stride is the packed block (two pages), not its page; vLLM offloads the whole block.
+    SyntheticCase(*SWA2, 2, 160, 64, planned=True, layout="BLHNC"),
     SyntheticCase(*MAMBA, 1, 96, 48),
     SyntheticCase(*MAMBA, 2, 96, 48),
     SyntheticCase(*MAMBA, 2, 96, 48, planned=True),
@@ -195,7 +203,7 @@ def synthetic_driver(case: SyntheticCase) -> D.VllmDriver:
         num_cpu_chunks=case.num_cpu_chunks,
     )
     if case.planned:
-        planned = with_planned_tensors(driver.kv_cache_config, driver.vllm_config)
+        planned = with_planned_tensors(driver.kv_cache_config, driver.vllm_config, case.layout)
         driver = D.VllmDriver(planned, driver.vllm_config)
     if case.worker_view is not None:
         worker = getattr(D, case.worker_view)(driver.kv_cache_config)

@@ -71,8 +71,9 @@ def test_plans_agree(case: PlanCase, backend: Backend, record_property) -> None:
 
 
 def _plans_agree(case: PlanCase, backend: Backend, record_property,  # type: ignore[no-untyped-def]
-                 fixed: tuple[T.WorkloadSpec, ...] = ()) -> None:
-    """The drawn workloads, after the ``fixed`` ones, agree; both directions exercised."""
+                 fixed: tuple[T.WorkloadSpec, ...] = (), drawn: bool = True) -> None:
+    """The drawn workloads (unless not ``drawn``), after the ``fixed`` ones, agree; both
+    directions exercised."""
     driver = driver_for(case)
     counts = {"traces": 0, "answers": 0, "loads": 0, "stores": 0}
 
@@ -96,7 +97,8 @@ def _plans_agree(case: PlanCase, backend: Backend, record_property,  # type: ign
 
     for workload in fixed:
         check.hypothesis.inner_test(workload)  # type: ignore[attr-defined]  # hypothesis adds it
-    check()
+    if drawn:
+        check()
     record_property("counter:plan_traces", counts["traces"])
     record_property("counter:plan_answers_compared", counts["answers"])
     record_property("counter:plan_load_jobs", counts["loads"])
@@ -183,13 +185,35 @@ EDGE_CASES = [
 """Geometries and knobs at the rules' edges (found by the meta lane's mutation score)."""
 
 
-@pytest.mark.parametrize("case", EDGE_CASES, ids=str)
-def test_plans_agree_at_the_edges(case: PlanCase, backend: Backend, record_property,  # type: ignore[no-untyped-def]
-                                  request: pytest.FixtureRequest) -> None:
+EDGE_WORKLOAD_CASES = [
+    # MTP retaining 1 token: W - 1 + extra = 32, one whole chunk, so a hit ending one token
+    # short of a chunk end (a prompt of whole full-attention chunks) needs the chunk before
+    # its last too.  Only the fixed edge workloads run here (no drawn ones: a few seconds).
+    PlanCase("fa64+sw32+mtp1@16", "blocks_per_chunk=2", "swa_mtp_kv_cache_config",
+             (64, 16, 32, 1), (("blocks_per_chunk", 2),), 0),
+]
+"""Edge geometries checked on :func:`edge_workloads` alone (found by the mutation score)."""
+
+
+def _expect_known_deviation(case: PlanCase, request: pytest.FixtureRequest) -> None:
+    """A case with a recorded vLLM deviation is a strict xfail (it passes the day vLLM agrees)."""
     dev = deviations.find("vllm", "plan", str(case))
     if dev is not None:
         request.applymarker(pytest.mark.xfail(strict=True, reason=dev.xfail_reason()))
+
+
+@pytest.mark.parametrize("case", EDGE_CASES, ids=str)
+def test_plans_agree_at_the_edges(case: PlanCase, backend: Backend, record_property,  # type: ignore[no-untyped-def]
+                                  request: pytest.FixtureRequest) -> None:
+    _expect_known_deviation(case, request)
     _plans_agree(case, backend, record_property, edge_workloads())
+
+
+@pytest.mark.parametrize("case", EDGE_WORKLOAD_CASES, ids=str)
+def test_edge_workloads_agree(case: PlanCase, backend: Backend, record_property,  # type: ignore[no-untyped-def]
+                              request: pytest.FixtureRequest) -> None:
+    _expect_known_deviation(case, request)
+    _plans_agree(case, backend, record_property, edge_workloads(), drawn=False)
 
 
 def edge_workloads() -> tuple[T.WorkloadSpec, ...]:
@@ -201,7 +225,9 @@ def edge_workloads() -> tuple[T.WorkloadSpec, ...]:
     mid-chunk (``fa64+sw16@16`` then stores null blocks), and the last workload
     decodes 20 tokens (an EAGLE group's volatile tail chunk).  A repeat of a longer
     prompt loads on 0.34.0 (0.33.0 subtracts the last token after the caps: on
-    ``fa64+sw33@16`` it loads nothing, an open problem).
+    ``fa64+sw33@16`` it loads nothing, an open problem).  Then
+    :func:`_window_gap_workload` (windows with one chunk missing) and
+    :func:`_abort_while_loading_workload` (a store offered with no blocks).
     """
     base = tuple((7 * i) % 30 for i in range(600))
     # 20 decode steps after a one-step prefill: decode stores complete a chunk (EAGLE tail).
@@ -226,4 +252,45 @@ def edge_workloads() -> tuple[T.WorkloadSpec, ...]:
             resets=(T.ResetSpec(step=30), T.ResetSpec(step=35)),
         )
         for n, budget in ((256, 64), (257, 96), (256, 512), (256, 32))
-    ), decode)
+    ), decode, _window_gap_workload(base), _abort_while_loading_workload(base))
+
+
+def _window_gap_workload(base: tuple[int, ...]) -> T.WorkloadSpec:
+    """Window chunks stored without the chunk before them; two repeats whose hit needs it.
+
+    ``x`` shares ``base`` up to token 240 and stores (retention 0) the window chunks
+    before its boundary 256: ``[192, 224)`` under ``base``'s key, ``[224, 256)`` under
+    its own.  ``y`` stores every full chunk of ``base[:512]`` and the window before 512.
+    After a GPU reset, ``r`` (hit end 256) finds ``[192, 224)`` alone: ``fa64+sw32+mtp2``'s
+    window is 2 chunks (31 + 2 tokens), so the chunk alone must not hit.  ``r4``'s hit
+    ends at 511, one token short of a chunk: ``fa64+sw32+mtp1``'s window (31 + 1 tokens
+    before token 511) starts in chunk ``[448, 480)``, which no request stored.
+    """
+    junk = tuple(range(100, 160))
+    return T.WorkloadSpec(
+        requests=(
+            T.RequestSpec("x", base[:240] + junk, 2, 0),
+            T.RequestSpec("y", base[:560], 2, 3),
+            T.RequestSpec("r", base[:257], 2, 8),
+            T.RequestSpec("r4", base[:512], 2, 13),
+        ),
+        max_num_batched_tokens=512,
+        resets=(T.ResetSpec(step=7), T.ResetSpec(step=12)),
+    )
+
+
+def _abort_while_loading_workload(base: tuple[int, ...]) -> T.WorkloadSpec:
+    """A request aborted while its load is in flight, after a connector reset.
+
+    ``z`` hits ``a``'s chunks and waits 3 steps for its load: vLLM gave the connector
+    no blocks for it yet (only the load's).  The connector reset at step 13 restarts
+    every request's stores at chunk 0; the abort at 14 then offers ``z``'s computed
+    tokens with no block allocated: nothing may be stored.
+    """
+    return T.WorkloadSpec(
+        requests=(T.RequestSpec("a", base[:300], 2, 0), T.RequestSpec("z", base[:300], 2, 12)),
+        max_num_batched_tokens=512,
+        resets=(T.ResetSpec(step=11), T.ResetSpec(step=13, reset_connector=True)),
+        aborts=(T.AbortSpec(step=14, req_id="z"),),
+        default_delay_steps=3,
+    )

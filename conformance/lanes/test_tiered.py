@@ -7,7 +7,8 @@ in vLLM's shared-region layout) on the gemma-4 and DeepSeek-V4 fixtures:
 through the stock one.  The CPU tier holds fewer chunks than the two prompts
 store, so chunks are evicted and every stored chunk is cascaded to a file; the
 GPU prefix cache and the CPU tier are then reset and the whole CPU region is
-poisoned, so a hit for the same prompts can only be served from files.  Every
+poisoned, so a hit for the same prompts can only be served from files, and
+every file written must be read back (both prompts served from files).  Every
 loaded block must hold its expected bytes and no other byte may change (the
 data lane's :class:`~conformance.kvdata.SyntheticModelRunner` checks); the
 files written and read, per group, and their sizes go to the report.
@@ -84,3 +85,9 @@ def test_chunks_come_back_from_files(
         f"groups loaded to the GPU without a file read: {summary}"
     )
     assert all(rt.finished.values()), f"requests left unfinished: {rt.finished}"
+    written = {str(path.resolve()) for path in T.block_files(tmp_path)}
+    read = {str(Path(path).resolve()) for path in probe.loaded}
+    assert read == written, (
+        f"both prompts must come back from files: {len(written - read)} of {len(written)} "
+        f"files never read, {len(read - written)} read but not written: {summary}"
+    )
