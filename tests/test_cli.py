@@ -376,7 +376,8 @@ def test_byte_counts_pydantic_would_take_are_refused(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("n", "text"),
-    [(None, "-"), (1023, "1023 B"), (1024, "1 KiB"), (17038080, "16.25 MiB"), (25 << 30, "25 GiB")],
+    [(None, "-"), (1023, "1023 B"), (1024, "1 KiB"), (17038080, "16.25 MiB"), (25 << 30, "25 GiB"),
+     (10**400, f"{10**400} B")],  # past a float: printed whole, never an OverflowError
 )
 def test_human_bytes(n: int | None, text: str) -> None:
     assert human_bytes(n) == text
@@ -610,3 +611,21 @@ def test_tiering_spec_emits_vllms_fs_secondary_tier() -> None:
 )
 def test_fs_tier_flag_errors_are_one_line(argv: list[str], needle: str) -> None:
     assert_one_line_error(*run(argv), needle)
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.parametrize("model", sorted(MODELS_512))
+def test_a_knob_past_a_float_prints_or_fails_with_one_line(model: str) -> None:
+    """``--blocks-per-chunk 10**400`` (found by the CLI fuzzer: an OverflowError in the
+    files-per-million-tokens column and the byte rendering): printed without a CPU tier,
+    a one-line "holds no chunk" error with one."""
+    flags, _, _, _ = models_512(model)
+    huge = str(10**400)
+    d = doc([*flags, "--blocks-per-chunk", huge])
+    assert d["knob"]["blocks_per_chunk"] == 10**400
+    assert d["files"]["files_per_million_tokens"] == 0.0
+    rc, out, err = run([*flags, "--blocks-per-chunk", huge])
+    assert rc == 0 and huge in out, err
+    rc, out, err = run([*flags, "--blocks-per-chunk", huge, "--cpu-bytes", str(CPU_BYTES)])
+    assert_one_line_error(rc, out, err, "holds no chunk")

@@ -36,6 +36,8 @@ def human_bytes(n: int | None) -> str:
     """
     if n is None:
         return "-"
+    if n >= 2**80:  # a yobibyte and up: past pydantic's units (and, near 1e308, past a float)
+        return f"{n} B"
     size = ByteSize(n)
     unit = size.human_readable(separator=" ").split()[-1]
     if unit == "B":
