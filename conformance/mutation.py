@@ -38,6 +38,7 @@ import pytest
 from conformance import trace as T
 from conformance.mutants.records import EXPECTED_CATCHERS, KNOWN_GAPS, MEASURED_SCORE
 from conformance.mutants.source import Mutant
+from conformance.strategies import SLOW_EXAMPLE_CHECKS
 from vllm_adapter.names import STOCK_CONNECTOR
 
 __all__ = ["EXPECTED_CATCHERS", "KNOWN_GAPS", "MEASURED_SCORE", "Check", "Outcome",
@@ -170,14 +171,14 @@ def fixed_workloads(max_len: int = 520) -> tuple[T.WorkloadSpec, ...]:
     """The plan lane's own workload strategy, drawn derandomized (no seed): of the ci
     profile's 40 examples, the 2 that end with a repeat (loads from the tier) and
     carry the most prompt tokens."""
-    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import Phase, given, settings
 
     from conformance.workloads import workloads
 
     drawn: list[T.WorkloadSpec] = []
 
     @settings(max_examples=_EXAMPLES_DRAWN, derandomize=True, database=None,
-              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+              phases=[Phase.generate], suppress_health_check=SLOW_EXAMPLE_CHECKS)
     @given(workloads(max_len=max_len))
     def collect(workload: T.WorkloadSpec) -> None:
         drawn.append(workload)
@@ -306,11 +307,11 @@ def _unit_module(name: str) -> Any:
 @cache
 def _derandomized(module: str, name: str) -> Callable[[], None]:
     """The unit property ``name``, settings applied once (hypothesis refuses twice)."""
-    from hypothesis import HealthCheck, settings
+    from hypothesis import settings
 
     test = getattr(_unit_module(module), name)
     return settings(max_examples=_PROPERTY_EXAMPLES, derandomize=True, database=None,  # type: ignore[no-any-return]
-                    suppress_health_check=list(HealthCheck), deadline=None)(test)
+                    suppress_health_check=SLOW_EXAMPLE_CHECKS, deadline=None)(test)
 
 
 def _property_check(name: str) -> Check:

@@ -4,8 +4,10 @@ fixture.  Fixtures are stored per vLLM release (``vllm_adapter/fixtures/<version
 tests under "(e)" read every stored release's JSON (no second vLLM needed) and pin down
 what is identical across releases and what differs.
 
-Expectations in ``test_headline_*`` are the facts of
-``shared/design/model-geometry-vllm-0.33.md``; the values they are compared with are
+Expectations in ``test_headline_*`` are the models' published geometry (their
+``config.json`` in ``vllm_adapter/models/``: gemma-4's 1024-token sliding window and
+DeepSeek-V4's {64, 64, 256, 4, 8} tokens per block, as docs/semantics.md §7 uses them);
+the values they are compared with are
 computed by vLLM (``resolve_kv_cache_block_sizes``, ``resolve_dcp_kv_block_size``,
 spec properties) on objects rebuilt from the fixtures, never read from the JSON.
 
