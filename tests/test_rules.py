@@ -288,3 +288,41 @@ def test_planner_store_job_equals_rules(n: int, data: st.DataObject) -> None:
         want.extend(group_keys(hashes, gc)[k] for k in chunks)
     assert offered == ([tuple(want)] if want else [])
 
+
+
+# ---------------------------------------------------------------------------
+# Invariants of the rules themselves (conformance/invariants.py checks the same
+# properties on traces, reference and vLLM alike; these draw what vLLM cannot run:
+# groups below the hash unit, per-group knobs, any window).
+# ---------------------------------------------------------------------------
+
+
+@given(_chunkings(retention=None), st.integers(1, 400), st.data())
+def test_rules_hit_invariants(chunking: Chunking, n: int, data: st.DataObject) -> None:
+    """A hit needs only held chunks; more held chunks never shorten it; keys are injective."""
+    hashes = prefix_block_hashes(list(range(n)), chunking.tokens_per_hash)
+    keys = [group_keys(hashes, gc) for gc in chunking.groups]
+    every = [k for ks in keys for k in ks]
+    assert len(set(every)) == len(every), "two (group, chunk) pairs share a key"
+    step = math.lcm(*(gc.group.tokens_per_block for gc in chunking.groups))
+    computed = data.draw(st.integers(0, (n - 1) // step)) * step
+    windowed = any(gc.window_in_chunks is not None for gc in chunking.groups)
+    limit = rules.hit_limit(n, computed, (None, None), windowed, LastTokenRule.AFTER_CAPS,
+                            chunking.mamba_align_tokens)
+    often = st.sampled_from((True, True, True, False))
+    held = [[data.draw(often) for _ in ks] for ks in keys]
+    more = [[h or data.draw(st.booleans()) for h in hs] for hs in held]
+    num_keys = [len(k) for k in keys]
+
+    def hit(holding: list[list[bool]]) -> int:
+        return rules.hit(chunking.groups, num_keys, lambda g, k: holding[g][k], computed, limit,
+                         False)
+
+    h = hit(held)
+    for g, gc in enumerate(chunking.groups):
+        if h == 0:
+            break
+        needed = rules.needed_chunks(gc, computed, computed + h)
+        missing = [k for k in needed if k >= num_keys[g] or not held[g][k]]
+        assert not missing, f"group {gc.group.index}: a {h}-token hit needs unheld chunks {missing}"
+    assert hit(more) >= h, f"holding more chunks shortened the hit: {hit(more)} < {h}"
