@@ -171,7 +171,9 @@ class Planner:
         end reaches one chunk further).  With no full run, a run that starts at
         ``keys[0]`` counts: the window before it is on the GPU.
         """
-        pending, run, required = False, 0, initial or window
+        if initial == 0:
+            return len(keys)  # a window of no chunk: every end is served (nothing to find)
+        pending, run, required = False, 0, initial
         for idx in range(len(keys) - 1, -1, -1):
             result = self.store.lookup(keys[idx])
             if result is LookupResult.MISS:
@@ -252,7 +254,7 @@ class Planner:
                 window = window_in_chunks(gc.group, gc.tokens_per_chunk, end, self.policy.window)
                 keys = state.keys[computed // gc.tokens_per_chunk : cdiv(end, gc.tokens_per_chunk)]
                 if window is not None:
-                    keys = keys[-window:]
+                    keys = keys[len(keys) - window :]
                 if any(k in self._being_loaded for k in keys):
                     return None
         return hit

@@ -86,7 +86,7 @@ def window_in_chunks(
     """Chunks a hit ending at ``end_tokens`` needs at its end; ``None``: the whole prefix.
 
     Sliding window ``W`` with ``extra`` retained tokens: ``cdiv(W - 1 + extra + pad,
-    tpc)`` chunks (at least one), where ``pad`` is the distance from ``end_tokens``
+    tpc)`` chunks (none for a 1-token window at an aligned end), where ``pad`` is the distance from ``end_tokens``
     to the next chunk end (an unaligned end reaches one chunk further left); under
     :attr:`WindowRule.WHOLE_WINDOW` at least ``cdiv(W, tpc)``.  Chunked-local:
     ``cdiv(attention_chunk, tpc)``.  Mamba: 1.  Full attention: none.
@@ -97,7 +97,7 @@ def window_in_chunks(
         before = cdiv(group.sliding_window - 1 + group.extra_retained_tokens + pad, tokens_per_chunk)
         if rule is WindowRule.WHOLE_WINDOW:
             return max(cdiv(group.sliding_window, tokens_per_chunk), before)
-        return max(1, before)
+        return before  # 0 when W - 1 + extra == 0 at an aligned end: no token before the end
     if group.kind is GroupKind.CHUNKED_LOCAL:
         assert group.attention_chunk_size is not None
         return cdiv(group.attention_chunk_size, tokens_per_chunk)

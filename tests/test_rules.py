@@ -51,8 +51,11 @@ def test_window_in_chunks() -> None:
     # W=129: the 128 tokens before the end are 4 chunks; vLLM's rule asks cdiv(129,32)=5.
     assert rules.window_in_chunks(_sw(129), 32) == 4
     assert rules.window_in_chunks(_sw(129), 32, rule=whole) == 5
-    # W=1 attends to no earlier token; one chunk is still asked (no empty window).
-    assert rules.window_in_chunks(_sw(1), 32) == 1
+    # W=1 attends to no earlier token: no chunk at an aligned end (the store keeps none);
+    # an end 1 short of a chunk end needs the chunk it lies in.  vLLM asks cdiv(1, 32) = 1.
+    assert rules.window_in_chunks(_sw(1), 32) == 0
+    assert rules.window_in_chunks(_sw(1), 32, 31) == 1
+    assert rules.window_in_chunks(_sw(1), 32, rule=whole) == 1
     # Extra retained 40 tokens: cdiv(128-1+40, 32) = cdiv(167,32) = 6.
     assert rules.window_in_chunks(_sw(128, extra=40), 32) == 6
     # End 250 is 6 short of a chunk end: cdiv(127+6, 32) = 5; end 255 pads 1: cdiv(128,32)=4.

@@ -65,28 +65,18 @@ def plan_case(kind: str, window: int, extra: int, bpc: int, retention: int | Non
                     (("blocks_per_chunk", bpc),), retention, num_cpu_chunks=512)
 
 
-WINDOW_OF_ONE = (
-    "a sliding window of 1 token (no extra retained) never hits, in the reference as in "
-    "vLLM: the store keeps cdiv(W - 1, tokens_per_block) = 0 blocks before a boundary "
-    "(EAGLE: only the peek block after it), the lookup asks max(1, ...) = 1 chunk before "
-    "the end (reference.rules.window_in_chunks)"
-)
-
-
 def known_promise_miss(chunking: Chunking, side: str) -> str | None:
     """Why promised hits may miss on this geometry, if a known problem explains it.
 
-    Both sides: :data:`WINDOW_OF_ONE`.  vLLM: its window rule
-    (``WindowRule.WHOLE_WINDOW``) asks a sliding-window group for more chunks than the
-    tokens before a hit's end fill (``(W - 1) % tpc == 0``, no extra retained), the
-    deviation ``swa-window-one-past-a-chunk-never-hits``.
+    vLLM only: its window rule (``WindowRule.WHOLE_WINDOW``) asks a sliding-window group
+    for more chunks than the tokens before a hit's end fill (``(W - 1) % tpc == 0``, no
+    extra retained; a 1-token window too), the deviation
+    ``swa-window-one-past-a-chunk-never-hits``.  The reference has none.
     """
     for gc in chunking.groups:
         g = gc.group
         if g.sliding_window is None:
             continue
-        if g.sliding_window - 1 + g.extra_retained_tokens == 0:
-            return WINDOW_OF_ONE
         asked = window_in_chunks(g, gc.tokens_per_chunk, 0, WindowRule.WHOLE_WINDOW)
         if side == "vllm" and asked != window_in_chunks(g, gc.tokens_per_chunk, 0):
             dev = deviations.find("vllm", "plan", WINDOW_DEVIATION_CASE)
@@ -132,8 +122,7 @@ def test_invariants_hold_on_drawn_geometries(kind: str, retention: int | None,  
                                              record_property) -> None:
     """Both sides satisfy every invariant; promised hits may miss only where a known
     problem says so (counted: ``vllm_misses_window_deviation`` shows the check fail)."""
-    counts = dict.fromkeys(("examples", "promises", "loads", "reference_misses_window_of_one",
-                            "vllm_misses_window_of_one", "vllm_misses_window_deviation"), 0)
+    counts = dict.fromkeys(("examples", "promises", "loads", "vllm_misses_window_deviation"), 0)
 
     @settings(max_examples=_EXAMPLES, suppress_health_check=SLOW_EXAMPLE_CHECKS,
               derandomize=_DERANDOMIZE, database=None)
@@ -148,8 +137,7 @@ def test_invariants_hold_on_drawn_geometries(kind: str, retention: int | None,  
             known = known_promise_miss(chunking, side)
             if known is not None:
                 misses = [v for v in problems if v.startswith("promised-hit:")]
-                label = "window_of_one" if known == WINDOW_OF_ONE else "window_deviation"
-                counts[f"{side}_misses_{label}"] += len(misses)
+                counts[f"{side}_misses_window_deviation"] += len(misses)
                 problems = [v for v in problems if v not in misses]
             assert not problems, f"{side} on {case}:\n" + "\n".join(problems)
         counts["examples"] += 1
@@ -169,7 +157,6 @@ def test_invariants_hold_on_drawn_geometries(kind: str, retention: int | None,  
     assert counts["promises"] > 0 and counts["loads"] > 0, counts
     if windowed and retention == 0:
         assert counts["vllm_misses_window_deviation"] > 0, counts
-        assert counts["reference_misses_window_of_one"] > 0, counts
 
 
 @pytest.mark.parametrize("side", ["reference", "vllm"])
@@ -189,14 +176,13 @@ def test_promised_hit_at_the_window_deviation(side: str, request: pytest.Fixture
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.xfail(strict=True, reason=f"open reference defect: {WINDOW_OF_ONE}")
 def test_a_window_of_one_token_keeps_its_promise_in_the_reference() -> None:
     """The intended rule needs no chunk before a hit when ``W - 1 + extra == 0``.
 
     Smallest case: ``fa64+sw1@16``, blocks_per_chunk 1, a 65-token prompt stored,
-    GPU reset, sent again: 64 tokens are promised, 0 hit.  The fix (``window_in_chunks``
-    returning 0, and the planner's window walk accepting an empty window) is open;
-    this strict xfail passes the day it lands.
+    GPU reset, sent again: 64 tokens are promised.  (The reference used to ask one
+    chunk, as vLLM does, and hit 0: ``window_in_chunks`` now gives 0 chunks and the
+    planner's window walk accepts an empty window.)
     """
     case = plan_case("sw", 1, 1, 1, 0)
     trace = driver_for(case).run(_workload(65, 65, 0, 40))
