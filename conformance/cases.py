@@ -49,6 +49,25 @@ MODEL_FIXTURES: tuple[str, ...] = tuple(f.name for f in FIXTURES if f.model)
 LABELS: dict[str, str] = {f.name: f.label for f in FIXTURES}
 
 
+class ConnectorChoice:
+    """A case's knob items (``extra``) through kvchunk's connector (``kvchunk``) or vLLM's
+    stock one: the connector name and the knob label, for the cases that choose the
+    connector themselves (fixture runs, e2e)."""
+
+    extra: tuple[tuple[str, Any], ...]
+    kvchunk: bool
+
+    @property
+    def connector(self) -> str:
+        """``kv_connector``: kvchunk's connector or vLLM's stock one."""
+        return KVCHUNK_CONNECTOR if self.kvchunk else STOCK_CONNECTOR
+
+    @property
+    def knob(self) -> str:
+        (key, value), *_ = self.extra
+        return f"{key}={value} ({self.connector})"
+
+
 @dataclass(frozen=True)
 class Knob:
     """One ``kv_connector_extra_config`` knob setting (valid or not)."""

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_adapter.names import CPU_SPEC, KVCHUNK_CONNECTOR, STOCK_CONNECTOR, connector_module
+from conformance.cases import ConnectorChoice
+from vllm_adapter.names import CPU_SPEC, connector_module
 
 __all__ = [
     "DSV4",
@@ -58,7 +59,7 @@ def _frozen(overrides: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 
 @dataclass(frozen=True)
-class E2ECase:
+class E2ECase(ConnectorChoice):
     """One engine configuration of the e2e lane."""
 
     fixture: str
@@ -73,16 +74,6 @@ class E2ECase:
     max_tokens: int = 8
     needs_sm: tuple[int, int] | None = None
     """Minimum CUDA compute capability (DeepSeek-V4's FlashMLA kernels: sm90)."""
-
-    @property
-    def connector(self) -> str:
-        """``kv_connector``: kvchunk's connector or vLLM's stock one."""
-        return KVCHUNK_CONNECTOR if self.kvchunk else STOCK_CONNECTOR
-
-    @property
-    def knob(self) -> str:
-        (key, value), *_ = self.extra
-        return f"{key}={value} ({self.connector})"
 
     def __str__(self) -> str:
         (key, value), *_ = self.extra

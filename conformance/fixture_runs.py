@@ -12,7 +12,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_adapter.names import KVCHUNK_CONNECTOR, REFERENCE_SPEC, STOCK_CONNECTOR, connector_module
+from conformance.cases import ConnectorChoice
+from vllm_adapter.names import REFERENCE_SPEC, STOCK_CONNECTOR, connector_module
 
 
 def fixture_driver(
@@ -65,7 +66,7 @@ def fixture_driver(
 
 
 @dataclass(frozen=True)
-class FixtureCase:
+class FixtureCase(ConnectorChoice):
     """A model fixture x knob run through vLLM's real path (data and gpu_copy lanes)."""
 
     fixture: str
@@ -108,20 +109,12 @@ class FixtureCase:
         """:attr:`budget` (tokens per step), scaled like :attr:`workload_prompt_len`."""
         return self.budget * self.token_scale()
 
-    @property
-    def connector(self) -> str:
-        return KVCHUNK_CONNECTOR if self.kvchunk else STOCK_CONNECTOR
-
-    @property
-    def knob(self) -> str:
-        (key, value), *_ = self.extra
-        return f"{key}={value} ({self.connector})"
-
     def __str__(self) -> str:
         (key, value), *_ = self.extra
         return f"{self.fixture}-{key}{value}"
 
-    def driver(self) -> Any:
+    def driver(self, spec: dict[str, Any] | None = None) -> Any:
+        """The case's driver; ``spec``: another offloading spec (the tiered lanes' fs tier)."""
         return fixture_driver(
             self.fixture,
             dict(self.extra),
@@ -129,4 +122,5 @@ class FixtureCase:
             num_cpu_chunks=self.num_cpu_chunks,
             connector=self.connector,
             connector_module_path=connector_module(self.connector),
+            spec=spec,
         )

@@ -30,11 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.fixture_runs import FixtureCase, fixture_driver
+from conformance.fixture_runs import FixtureCase
 from conformance.kvdata import DataStats, SyntheticModelRunner
 from conformance.trace import RequestSpec
 from vllm_adapter import vllm_api as V
-from vllm_adapter.names import connector_module
 
 __all__ = [
     "FileProbe",
@@ -172,16 +171,7 @@ class TieredCase:
         return f"{self.base.knob}, CPU tier {self.base.num_cpu_chunks} chunks + fs tier"
 
     def driver(self, root_dir: Path) -> Any:
-        b = self.base
-        return fixture_driver(
-            b.fixture,
-            dict(b.extra),
-            num_gpu_blocks=b.num_gpu_blocks,
-            num_cpu_chunks=b.num_cpu_chunks,
-            connector=b.connector,
-            connector_module_path=connector_module(b.connector),
-            spec=tiering_spec(root_dir),
-        )
+        return self.base.driver(spec=tiering_spec(root_dir))
 
 
 @dataclass

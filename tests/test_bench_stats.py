@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 
-from conformance.bench import TARGETS, Measured, Target, ratio_fields
+from conformance.bench import TARGETS, Measured, Target
 from conformance.bench.stats import RatioInterval, classify, paired_interval, t_975
 
 
@@ -71,7 +72,7 @@ def test_classify_needs_exactly_one_bound() -> None:
         classify(iv, min_ratio=0.5, max_ratio=2.0)
 
 
-# A miss must repeat (conformance.bench.Target.verdict / ratio_fields).
+# A miss must repeat (conformance.bench.Target.verdict / Measured.ratio_fields).
 
 _TRANSFER = {"kind": "transfer", "blocks_per_chunk": 16}
 """A figure the transfer target (>= 0.8 for blocks_per_chunk >= 4) applies to."""
@@ -103,8 +104,10 @@ def test_a_miss_stands_only_when_it_repeats(
         assert "measured again" in _target().explain(row)
 
 
-def _measured(candidate: float, baseline: float, rounds: int = 3) -> Measured:
-    return Measured([candidate] * rounds, {"memcpy": [baseline] * (rounds + 1)})
+def _measured(
+    candidate: float, baseline: float, again: Callable[[], Measured] | None = None, rounds: int = 3
+) -> Measured:
+    return Measured([candidate] * rounds, {"memcpy": [baseline] * (rounds + 1)}, again)
 
 
 def test_ratio_fields_measures_again_only_after_a_miss() -> None:
@@ -114,15 +117,14 @@ def test_ratio_fields_measures_again_only_after_a_miss() -> None:
         calls.append(1.0)
         return _measured(1.0, 0.9)  # speed 0.9: met this time
 
-    met = ratio_fields(_measured(1.0, 0.9), "memcpy", speed=True, about=_TRANSFER, again=again)
+    met = _measured(1.0, 0.9, again).ratio_fields("memcpy", speed=True, about=_TRANSFER)
     assert not calls and "confirm_ratio" not in met
-    missed = ratio_fields(_measured(1.0, 0.5), "memcpy", speed=True, about=_TRANSFER, again=again)
+    missed = _measured(1.0, 0.5, again).ratio_fields("memcpy", speed=True, about=_TRANSFER)
     assert len(calls) == 1
     assert missed["ratio"] == pytest.approx(0.5)
     assert missed["confirm_ratio"] == pytest.approx(0.9)
     assert _target().verdict(missed) == "inconclusive"
-    small = ratio_fields(  # B = 1: no target applies, so no second batch
-        _measured(1.0, 0.5), "memcpy", speed=True,
-        about={**_TRANSFER, "blocks_per_chunk": 1}, again=again,
+    small = _measured(1.0, 0.5, again).ratio_fields(  # B = 1: no target applies, no second batch
+        "memcpy", speed=True, about={**_TRANSFER, "blocks_per_chunk": 1}
     )
     assert len(calls) == 1 and "confirm_ratio" not in small

@@ -16,7 +16,7 @@ paired t-interval (:mod:`conformance.bench.stats`).  A target is "met" when
 the whole interval is on its side, "missed" when the whole interval is on the
 wrong side, "inconclusive" when it straddles the target (rerun); only "missed"
 fails ``nox -s bench``, and only when it repeats: a figure whose first batch
-missed is measured again at once (:func:`ratio_fields`), and a miss the second
+missed is measured again at once (:meth:`Measured.ratio_fields`), and a miss the second
 batch does not repeat is "inconclusive".  Medians of the raw times are reported too.  Objects
 alive when a measurement starts are frozen out of the garbage collector (a
 full collection of a process holding vLLM takes ~0.3 s), and it is off while
@@ -79,7 +79,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from conformance import cases
@@ -123,7 +123,7 @@ class Target:
         """``met`` / ``missed`` / ``inconclusive`` of a figure's recorded interval(s).
 
         A miss must repeat: a figure whose first batch missed was measured again
-        (``confirm_ratio_ci``, :func:`ratio_fields`), and it is "missed" only when
+        (``confirm_ratio_ci``, :meth:`Measured.ratio_fields`), and it is "missed" only when
         the second batch misses too; a miss the second batch does not repeat is
         "inconclusive".  (A figure recorded without a second batch keeps its miss.)
         """
@@ -204,6 +204,8 @@ class Measured:
 
     candidate: list[float]
     baselines: dict[str, list[float]]
+    again: Callable[[], Measured] | None = field(default=None, repr=False, compare=False)
+    """A fresh batch of the same variants (:func:`measure` sets it; see :meth:`ratio_fields`)."""
 
     def median(self, name: str | None = None) -> float:
         return statistics.median(self.candidate if name is None else self.baselines[name])
@@ -223,15 +225,38 @@ class Measured:
         pairs = self.paired(baseline)
         return paired_interval([c for c, _ in pairs], [b for _, b in pairs], speed=speed)
 
-    def ratio_fields(self, baseline: str, *, speed: bool) -> dict[str, Any]:
-        """``ratio`` (geometric mean), ``ratio_ci`` [low, high], ``ratio_median``, ``rounds``."""
+    def ratio_fields(
+        self, baseline: str, *, speed: bool, about: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """``ratio`` (geometric mean), ``ratio_ci`` [low, high], ``ratio_median``, ``rounds``;
+        with ``about`` (what :meth:`Target.applies` reads: ``kind``, ``blocks_per_chunk``,
+        ``target_checked``), a second batch's ``confirm_ratio``/``confirm_ratio_ci`` where
+        a target missed.
+
+        The rounds of one batch are not independent samples of a shared machine: a
+        state (another job's phase, a memory-bandwidth neighbour) lasts seconds, i.e.
+        several rounds, so one batch's interval is narrower than the truth and a
+        noise spike can put it wholly on the wrong side.  A real regression misses in
+        every batch; a state that happened to last one batch does not repeat, so a
+        miss is re-measured once (:attr:`again`, a fresh batch later in time) and
+        stands only if it repeats (:meth:`Target.verdict`).
+        """
         iv = self.interval(baseline, speed=speed)
-        return {
+        fields: dict[str, Any] = {
             "ratio": iv.ratio,
             "ratio_ci": [iv.low, iv.high],
             "ratio_median": self.ratio(baseline, speed=speed),
             "rounds": iv.rounds,
         }
+        row = {**(about or {}), **fields}
+        missed = about is not None and any(
+            t.applies(row) and t.verdict(row) == "missed" for t in TARGETS
+        )
+        if missed and self.again is not None:
+            second = self.again().interval(baseline, speed=speed)
+            fields["confirm_ratio"] = second.ratio
+            fields["confirm_ratio_ci"] = [second.low, second.high]
+        return fields
 
 
 def _timed(variant: Variant) -> float:
@@ -262,7 +287,9 @@ def measure(
     for _ in range(warmup):
         for v in (*baselines.values(), candidate):
             v.run(v.prepare())
-    result = Measured([], {name: [] for name in baselines})
+    result = Measured(
+        [], {name: [] for name in baselines}, lambda: interleaved(candidate, baselines, rounds)
+    )
 
     def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
         for name, v in baselines.items():
@@ -283,7 +310,8 @@ def measure(
 
 
 def interleaved(candidate: Variant, baselines: dict[str, Variant], rounds: int = ROUNDS) -> Measured:
-    """:func:`measure`'s protocol (``B A B A ... B``) without pytest-benchmark: a second batch."""
+    """:func:`measure`'s protocol (``B A B A ... B``) without pytest-benchmark: a second batch
+    (:attr:`Measured.again`)."""
     gc.collect()
     gc.freeze()
     result = Measured([], {name: [] for name in baselines})
@@ -294,36 +322,6 @@ def interleaved(candidate: Variant, baselines: dict[str, Variant], rounds: int =
     for name, v in baselines.items():
         result.baselines[name].append(_timed(v))
     return result
-
-
-def ratio_fields(
-    m: Measured,
-    baseline: str,
-    *,
-    speed: bool,
-    about: dict[str, Any],
-    again: Callable[[], Measured],
-) -> dict[str, Any]:
-    """``m``'s ratio fields, plus a second batch's (``confirm_*``) where a target missed.
-
-    ``about`` holds what :meth:`Target.applies` reads (``kind``, ``blocks_per_chunk``,
-    ``target_checked``).
-
-    The rounds of one batch are not independent samples of a shared machine: a
-    state (another job's phase, a memory-bandwidth neighbour) lasts seconds, i.e.
-    several rounds, so one batch's interval is narrower than the truth and a
-    noise spike can put it wholly on the wrong side.  A real regression misses in
-    every batch; a state that happened to last one batch does not repeat, so a
-    miss is re-measured once (``again()``, a fresh batch later in time) and stands
-    only if it repeats (:meth:`Target.verdict`).
-    """
-    fields = m.ratio_fields(baseline, speed=speed)
-    row = {**about, **fields}
-    if any(t.applies(row) and t.verdict(row) == "missed" for t in TARGETS):
-        second = again().interval(baseline, speed=speed)
-        fields["confirm_ratio"] = second.ratio
-        fields["confirm_ratio_ci"] = [second.low, second.high]
-    return fields
 
 
 def record(benchmark: Any, **info: Any) -> None:

@@ -30,9 +30,7 @@ from conformance.bench import (
     GEOMETRIES,
     Variant,
     case_id,
-    interleaved,
     measure,
-    ratio_fields,
     record,
     rounded,
 )
@@ -169,8 +167,7 @@ def test_gpu_transfer(
             device_bytes[start : start + nbytes].copy_(host, non_blocking=True)
         torch.cuda.current_stream().synchronize()
 
-    variants = (Variant(candidate), {"cudaMemcpyAsync": Variant(limit)})
-    m = measure(benchmark, *variants)
+    m = measure(benchmark, Variant(candidate), {"cudaMemcpyAsync": Variant(limit)})
     record(
         benchmark,
         kind="gpu",
@@ -182,11 +179,10 @@ def test_gpu_transfer(
         target_checked=worker_name == "vllm",
         bytes=nbytes,
         device=torch.cuda.get_device_name(),
-        **ratio_fields(
-            m, "cudaMemcpyAsync", speed=True,
+        **m.ratio_fields(
+            "cudaMemcpyAsync", speed=True,
             about={"kind": "gpu", "blocks_per_chunk": blocks_per_chunk,
                    "target_checked": worker_name == "vllm"},
-            again=lambda: interleaved(*variants),
         ),
         candidate_gbps=nbytes / m.median() / 1e9,
         limit_gbps=nbytes / m.median("cudaMemcpyAsync") / 1e9,

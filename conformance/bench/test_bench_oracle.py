@@ -43,9 +43,7 @@ from conformance.bench import (
     Variant,
     case_id,
     env_int,
-    interleaved,
     measure,
-    ratio_fields,
     record,
     rounded,
 )
@@ -166,7 +164,8 @@ def test_oracle_step_time(benchmark: Any, geometry: str, blocks_per_chunk: int) 
     steps = int(plain.step_no)
     answers = oracle(trace)
 
-    variants = (
+    m = measure(
+        benchmark,
         Variant(oracle, lambda: trace),
         {
             "vllm": Variant(
@@ -174,10 +173,6 @@ def test_oracle_step_time(benchmark: Any, geometry: str, blocks_per_chunk: int) 
                 lambda: stock.session(max_num_batched_tokens=BUDGET_TOKENS, record=False),
             )
         },
-    )
-    m = measure(
-        benchmark,
-        *variants,
         rounds=ROUNDS,
         warmup=0,  # the recorded and the stock runs above, and the first oracle check, warmed up
     )
@@ -193,10 +188,9 @@ def test_oracle_step_time(benchmark: Any, geometry: str, blocks_per_chunk: int) 
         answers=answers,
         store_jobs=len(jobs) - loads,
         load_jobs=loads,
-        **ratio_fields(
-            m, "vllm", speed=False,
+        **m.ratio_fields(
+            "vllm", speed=False,
             about={"kind": "oracle", "blocks_per_chunk": blocks_per_chunk},
-            again=lambda: interleaved(*variants, rounds=ROUNDS),
         ),
         step_ms={
             "oracle": round(1e3 * m.median() / steps, 4),

@@ -29,9 +29,7 @@ from conformance.bench import (
     Measured,
     Variant,
     case_id,
-    interleaved,
     measure,
-    ratio_fields,
     record,
     rounded,
 )
@@ -191,8 +189,7 @@ def test_transfer(benchmark: Any, geometry: str, blocks_per_chunk: int, directio
     def candidate(_: Any) -> None:
         copy(job.layout, kv.tensors, job.pool, *job.args())
 
-    variants = (Variant(candidate), {"memcpy": Variant(limit)})
-    m: Measured = measure(benchmark, *variants)
+    m: Measured = measure(benchmark, Variant(candidate), {"memcpy": Variant(limit)})
     cand, base = m.median(), m.median("memcpy")
     record(
         benchmark,
@@ -207,10 +204,9 @@ def test_transfer(benchmark: Any, geometry: str, blocks_per_chunk: int, directio
         num_tensors=len(job.layout.group_refs[job.group]),
         page_bytes=list(job.layout.page_bytes),
         threads=torch.get_num_threads(),
-        **ratio_fields(
-            m, "memcpy", speed=True,
+        **m.ratio_fields(
+            "memcpy", speed=True,
             about={"kind": "transfer", "blocks_per_chunk": blocks_per_chunk},
-            again=lambda: interleaved(*variants),
         ),
         ratio_of_medians=base / cand,
         candidate_gbps=n / cand / 1e9,

@@ -72,10 +72,17 @@ def _driver(
 
 
 def _round_trip(
-    root: Path, probe: T.FileProbe, between: Callable[[], None] | None = None
+    root: Path,
+    probe: T.FileProbe,
+    between: Callable[[], None] | None = None,
+    opened: Callable[[], None] | None = None,
 ) -> T.RoundTrip:
+    """The round trip on a fresh engine; ``opened`` runs once the engine (and its fs tier's
+    directory) exists, ``between`` after the reset (:func:`conformance.tiered.run_round_trip`)."""
     session, runner = T.open_session(_driver(root), 128)
     try:
+        if opened is not None:
+            opened()
         return T.run_round_trip(
             session, runner, probe, root, prompt_len=PROMPT_LEN, between=between
         )
@@ -178,13 +185,12 @@ def test_directory_turned_unwritable_drops_stores(
     record_property("fixture", "synthetic-full")
     record_property("knob", "fs tier rank directory replaced by a regular file after start")
     probe = T.FileProbe().install(monkeypatch)
-    session, runner = T.open_session(_driver(tmp_path), 128)
-    try:
+
+    def replace_rank_dir() -> None:
         (config,) = tmp_path.rglob("config.json")
         Path(f"{config.parent}_r0").write_bytes(b"")  # where FileMapper puts rank 0's files
-        rt = T.run_round_trip(session, runner, probe, tmp_path, prompt_len=PROMPT_LEN)
-    finally:
-        T.shutdown(session)
+
+    rt = _round_trip(tmp_path, probe, opened=replace_rank_dir)
     summary = _no_wrong_bytes(rt, record_property)
     assert probe.store_failures, f"stores into a non-directory did not fail: {summary}"
     assert rt.files_after_store.files == 0 and not probe.loaded, summary
