@@ -26,6 +26,7 @@ def fixture_driver(
     connector_module_path: str | None = None,
     max_num_batched_tokens: int | None = None,
     spec: dict[str, Any] | None = None,
+    retention_interval: int | None | str = "fixture",
 ) -> Any:
     """A :class:`~conformance.driver.VllmDriver` for a stored model fixture, shrunk.
 
@@ -35,6 +36,8 @@ def fixture_driver(
     re-planned by vLLM for that size, scheduler and worker views alike) and
     synchronous scheduling (the driver keeps one batch in flight).  ``spec``:
     other spec entries (e.g. the tiered lane's) replacing :data:`REFERENCE_SPEC`.
+    ``retention_interval``: vLLM's ``prefix_cache_retention_interval`` (``None``
+    dense), set where the engine resolves it; ``"fixture"`` keeps the fixture's.
     """
     from conformance import driver as D
     from conformance.kvdata import shrink_kv_cache_config
@@ -60,6 +63,10 @@ def fixture_driver(
     scheduler = shrink_kv_cache_config(
         worker, vllm_config, num_gpu_blocks, like=fx.rebuild_kv_cache_config(data, "scheduler")
     )
+    if retention_interval != "fixture":
+        vllm_config.cache_config.prefix_cache_retention_interval = retention_interval
+        for kvc in (worker, scheduler):
+            kvc.prefix_cache_retention_interval = retention_interval
     return D.VllmDriver(scheduler, vllm_config, worker_kv_cache_config=worker)
 
 

@@ -53,6 +53,8 @@ class ConformanceReport:
         self.mutations: list[tuple[str, str, str, str]] = []
         """Meta lane: (mutant, bug class, caught by, seconds) per mutant test."""
         self.mutation_score: str | None = None
+        self.economics: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
+        """Economics check: (fixture, knob) -> (outcome, ``econ:*`` properties)."""
         self.file_tier: dict[tuple[str, str], dict[str, Any]] = {}
         """Tiered lanes: (fixture, knob) -> ``counter:files_*`` / ``bytes_per_file:g<i>`` values."""
         self.started = time.monotonic()
@@ -100,6 +102,10 @@ class ConformanceReport:
             }
             if files:
                 self.file_tier[(key[0], key[1])] = files
+            econ = {k: v for k, v in props.items() if k.startswith("econ:")}
+            if econ:
+                outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+                self.economics[(key[0], key[1])] = (outcome, econ)
             for name, value in props.items():
                 if name.startswith("counter:") and isinstance(value, int):
                     self.counters[name.removeprefix("counter:")] += value
@@ -216,6 +222,32 @@ class ConformanceReport:
         return render_table(("fixture", "knob", "files written", "per group", "files read",
                              "per group", "bytes per file"), rows)
 
+    def economics_section(self) -> str:
+        """Predicted (reference economics) against written and read files, per group."""
+        if not self.economics:
+            return ""
+        rows = []
+        for (fixture, knob), (outcome, props) in sorted(self.economics.items()):
+            groups = sorted({k.rsplit(":g", 1)[1] for k in props if ":g" in k}, key=int)
+
+            def pair(kind: str, groups: list[str] = groups, props: dict[str, Any] = props) -> str:
+                return " ".join(
+                    f"{g}:{props.get(f'econ:predicted_{kind}:g{g}', '-')}"
+                    + ("" if props.get(f"econ:predicted_{kind}:g{g}") == props.get(f"econ:{kind}:g{g}")
+                       else f"!={props.get(f'econ:{kind}:g{g}', '-')}")
+                    for g in groups
+                )
+
+            total = sum(int(props.get(f"econ:written:g{g}", 0)) for g in groups)
+            rows.append((fixture, knob, props.get("econ:prompt_tokens", "-"), pair("written"),
+                         pair("read"), total, outcome))
+        return render_table(
+            ("fixture", "knob, retention, workload", "prompt tokens",
+             "files written per group (reference; != vLLM where they differ)",
+             "files read per group", "files written (vLLM)", "outcome"),
+            rows,
+        )
+
     def write(self, path: Path, header: str) -> str:
         timing = render_table(
             ("lane", "seconds"),
@@ -235,6 +267,15 @@ class ConformanceReport:
         file_tier = self.file_tier_section()
         if file_tier:
             text += f"\n## File tier (tiered lanes)\n\n{file_tier}\n"
+        economics = self.economics_section()
+        if economics:
+            text += (
+                "\n## File economics: predicted == written (tiered lanes)\n\n"
+                "The reference's economics (`reference/economics.py`, what `python -m "
+                "vllm_adapter config` prints) against the files vLLM's fs tier wrote and read "
+                "for the same workload (`conformance/lanes/test_tiered_economics.py`).\n\n"
+                f"{economics}\n"
+            )
         if self.counters:
             text += f"\n## Counters (counted by the suite)\n\n{counters}\n"
         path.parent.mkdir(parents=True, exist_ok=True)

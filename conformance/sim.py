@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference.geometry import GroupKind
 from reference.jobs import LoadJob, StoreJob
 from reference.keys import prefix_block_hashes
 from reference.knobs import Chunking, GroupChunking
 from reference.mathutil import cdiv
 from reference.plan import BlockRef, Planner, Policy, ScheduledRequest
+from reference.rules import first_kept_block
 from reference.store import ChunkStore
 from reference.transfer import TensorRef, TransferLayout, gather, scatter
 
@@ -45,19 +45,8 @@ def block_bytes(group: int, layer: int, tokens: Sequence[int], end: int, nbytes:
     return bytes(out[:nbytes])
 
 
-def first_needed_block(gc: GroupChunking, hit_end: int) -> int:
-    """First block a windowed group keeps for a hit ending at ``hit_end`` (vLLM's skip rule)."""
-    g = gc.group
-    tpb = g.tokens_per_block
-    if g.kind is GroupKind.SLIDING_WINDOW:
-        assert g.sliding_window is not None
-        return max(0, hit_end - (g.sliding_window - 1 + g.extra_retained_tokens)) // tpb
-    if g.kind is GroupKind.CHUNKED_LOCAL:
-        assert g.attention_chunk_size is not None
-        return (hit_end // g.attention_chunk_size * g.attention_chunk_size) // tpb
-    if g.kind in (GroupKind.MAMBA, GroupKind.MAMBA_ALIGN):
-        return max(0, cdiv(hit_end, tpb) - 1)
-    return 0
+first_needed_block = first_kept_block
+"""The sim's name for :func:`reference.rules.first_kept_block`."""
 
 
 @dataclass

@@ -312,3 +312,59 @@ def corrupt(paths: Sequence[Path], how: str) -> None:
                 f.write(data)
         else:
             raise ValueError(f"unknown file fault {how!r}: use missing, truncated or flipped")
+
+
+# ---------------------------------------------------------------------------
+# Workload passes (the economics check: predicted files == written files)
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """What one pass of a workload did to the file tier."""
+
+    written: dict[int, int]
+    """Files on disk per group once the pass's writes drained."""
+    read: dict[int, int]
+    """Files read (promoted to the CPU tier) per group during the pass."""
+    store_failures: int
+    load_failures: int
+
+
+def run_workload_passes(
+    session: Any,
+    probe: FileProbe,
+    root: Path,
+    prompts: Sequence[tuple[tuple[int, ...], int]],
+    *,
+    passes: int = 2,
+) -> list[PassResult]:
+    """Serve ``prompts`` (``(tokens, max_tokens)``) ``passes`` times, GPU prefix cache cold.
+
+    Before every request the GPU prefix cache is reset (the offload tiers are
+    not), so every reused token comes from offload; between passes the CPU tier
+    is reset too and its region poisoned, so the next pass is served from files.
+    """
+    results: list[PassResult] = []
+    for n in range(passes):
+        if n:
+            reset_all(session)
+            _poison_region(session)
+        read_before = Counter(probe.read_per_group())
+        failures = (len(probe.store_failures), len(probe.load_failures))
+        for i, (prompt, max_tokens) in enumerate(prompts):
+            assert session.reset_prefix_cache(), "GPU prefix-cache reset refused between requests"
+            session.add_request(RequestSpec(f"p{n}r{i}", prompt, max_tokens=max_tokens))
+            run_until_idle(session)
+            drain_files(session)
+        read = Counter(probe.read_per_group())
+        read.subtract(read_before)
+        results.append(
+            PassResult(
+                written=dict(file_stats(root).files_per_group),
+                read={g: c for g, c in read.items() if c},
+                store_failures=len(probe.store_failures) - failures[0],
+                load_failures=len(probe.load_failures) - failures[1],
+            )
+        )
+    return results

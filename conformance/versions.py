@@ -8,54 +8,27 @@ differ, in :data:`CHANGES` (the report's "What changed" section, whose answers
 the suite measures on each release: ``conformance/lanes/test_versions.py``).
 
 One row per release; a release not listed runs the newest row's rules and the
-report says so (``rules_for(...).known`` is False).
+report says so (``rules_for(...).known`` is False).  The rows live in
+:mod:`vllm_adapter.releases` (the operator CLI needs them and may not import the
+suite); this module re-exports them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference.plan import LastTokenRule, NullBlockRule, Policy, WindowRule
+from vllm_adapter.releases import NEWEST, RELEASES, ReleaseRules, rules_for
 
-
-@dataclass(frozen=True)
-class ReleaseRules:
-    version: str
-    policy: Policy
-    """The switches (other than the engine settings a trace records) this release runs."""
-    known: bool = True
-
-
-RELEASES: dict[str, ReleaseRules] = {
-    "0.33.0": ReleaseRules(
-        "0.33.0",
-        Policy(
-            last_token=LastTokenRule.AFTER_CAPS,
-            null_blocks_in_store=NullBlockRule.SKIP,
-            reload_after_failed_load=True,
-            window=WindowRule.WHOLE_WINDOW,
-        ),
-    ),
-    "0.34.0": ReleaseRules(
-        "0.34.0",
-        Policy(
-            last_token=LastTokenRule.REQUEST_END,
-            null_blocks_in_store=NullBlockRule.PLACEHOLDER,
-            reload_after_failed_load=False,
-            window=WindowRule.WHOLE_WINDOW,
-        ),
-    ),
-}
-NEWEST = max(RELEASES, key=lambda v: tuple(int(x) for x in v.split(".")))
-
-
-def rules_for(version: str) -> ReleaseRules:
-    """The rules of ``version``; an unknown release is assumed to be the newest known one."""
-    rules = RELEASES.get(version)
-    if rules is not None:
-        return rules
-    newest = RELEASES[NEWEST]
-    return ReleaseRules(version or "unknown", newest.policy, known=False)
+__all__ = [
+    "CHANGES",
+    "NEWEST",
+    "RELEASES",
+    "UNMEASURED",
+    "Change",
+    "ReleaseRules",
+    "UnmeasuredChange",
+    "rules_for",
+]
 
 
 @dataclass(frozen=True)

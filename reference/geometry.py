@@ -100,10 +100,16 @@ class Geometry:
     groups: tuple[KVGroup, ...]
     tokens_per_hash: int
     name: str = field(default="", compare=False)
+    max_model_len: int | None = field(default=None, compare=False)
+    """The engine's ``max_model_len``: no request grows longer (``None``: not known).
+    :func:`reference.knobs.resolve` refuses chunks longer than it
+    (:func:`reference.knobs.check_chunks_fit`)."""
 
     def __post_init__(self) -> None:
         if self.tokens_per_hash <= 0:
             raise ValueError(f"tokens_per_hash must be > 0, got {self.tokens_per_hash}")
+        if self.max_model_len is not None and self.max_model_len <= 0:
+            raise ValueError(f"max_model_len must be > 0, got {self.max_model_len}")
         indices = [g.index for g in self.groups]
         if indices != sorted(set(indices)):
             raise ValueError(

@@ -19,13 +19,17 @@ Whatever the knob, a chunk must end on a hash boundary:
 ``tokens_per_chunk % tokens_per_hash == 0``.  vLLM 0.33.0 asks the stronger
 ``tokens_per_block % tokens_per_hash == 0``; kvchunk's rule admits groups
 smaller than one hash unit once their chunk spans one (vLLM issue #54413).
+
+And no chunk may be longer than the engine's ``max_model_len``
+(:func:`check_chunks_fit`; vLLM has no such check and silently stores nothing).
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from reference.geometry import Geometry, GroupKind, KVGroup
@@ -274,6 +278,7 @@ def resolve(
 
     ``retention_interval`` is vLLM's ``prefix_cache_retention_interval``
     (default 0; ``None`` means dense), validated against the chunk spans.
+    Last, :func:`check_chunks_fit` holds the chunks to ``geometry.max_model_len``.
     """
     if not geometry.groups:
         raise ValueError("KV offloading found no eligible cache groups.")
@@ -343,12 +348,115 @@ def resolve(
                     f"under '{name}'; e.g. {lcm} or 0."
                 )
 
-    return Chunking(
+    chunking = Chunking(
         geometry=geometry,
         groups=tuple(chunkings),
         alignment_tokens=alignment,
         mamba_align_tokens=mamba_align,
     )
+    check_chunks_fit(chunking, knob, retention_interval)
+    return chunking
+
+
+# ---------------------------------------------------------------------------
+# The chunk-length rule
+# ---------------------------------------------------------------------------
+
+
+def check_chunks_fit(chunking: Chunking, knob: Knob, retention_interval: int | None = 0) -> None:
+    """No chunk may be longer than ``max_model_len`` (``chunking.geometry.max_model_len``).
+
+    A chunk is stored only once it is complete, and no request grows past the
+    engine's ``max_model_len``; so a group whose ``tokens_per_chunk`` exceeds it
+    never stores a chunk, and the knob silently offloads nothing.  Such a knob
+    is a ``ValueError`` that names the knob, the group with the longest chunks
+    (its index, kind, tokens per block and tokens per chunk) and the largest
+    value of the knob whose longest chunk fits and that every other rule of
+    :func:`resolve` accepts (``retention_interval`` included), or says that no
+    value is valid.  A chunk exactly ``max_model_len`` long fits.  With
+    ``max_model_len`` unknown (``None``) there is nothing to check.
+
+    The value varied is the one that sets the longest group's chunk: the knob
+    itself for ``blocks_per_chunk: B`` and ``block_size: T`` (in steps of the
+    alignment groups' block), and for a per-group map every entry that holds the
+    longest group's value (the others stay as given).
+    """
+    limit = chunking.geometry.max_model_len
+    if limit is None:
+        return
+    longest = max(chunking.groups, key=lambda gc: gc.tokens_per_chunk)
+    if longest.tokens_per_chunk <= limit:
+        return
+    group, blocks = longest.group, longest.blocks_per_chunk
+    label, unit, knob_at = _varied_entry(knob, chunking, blocks)
+    head = (
+        f"{label}={blocks * unit} gives {group.describe()} chunks of "
+        f"{longest.tokens_per_chunk} tokens ({_blocks(blocks)}, the longest of any group), "
+        f"longer than max_model_len={limit}: a chunk is stored only once it is complete, so "
+        f"group {group.index} would never store one."
+    )
+    unbounded = replace(chunking.geometry, max_model_len=None)
+    fits = limit // group.tokens_per_block  # the most blocks whose chunk fits
+    refused: ValueError | None = None
+    for b in range(fits, 0, -1):
+        try:
+            resolve(unbounded, knob_at(b), retention_interval)
+        except ValueError as e:
+            refused = refused or e
+            continue
+        raise ValueError(
+            f"{head} The largest valid {label} is {b * unit} ({_blocks(b)}: "
+            f"{b * group.tokens_per_block}-token chunks in group {group.index}): "
+            f"{_knob_json(knob_at(b))}."
+        )
+    why = (
+        f"even 1 block per chunk is {group.tokens_per_block} tokens"
+        if refused is None
+        else f"every value up to {fits * unit} breaks another rule (for {fits * unit}: "
+        f"{str(refused).rstrip('.')})"
+    )
+    raise ValueError(f"{head} No value of {label} is valid: {why}.")
+
+
+def _blocks(n: int) -> str:
+    return f"{n} block" if n == 1 else f"{n} blocks"
+
+
+def _varied_entry(
+    knob: Knob, chunking: Chunking, blocks: int
+) -> tuple[str, int, Callable[[int], Knob]]:
+    """The knob entry that sets the longest chunk (``blocks`` blocks): its label, its value
+    per block, and the knob with that entry at ``b`` blocks."""
+    if isinstance(knob, BlocksPerChunk):
+        return f"'{BLOCKS_PER_CHUNK}'", 1, BlocksPerChunk
+    if isinstance(knob, BlockSize):
+        tokens_per_block = knob.tokens // blocks
+        return f"'{BLOCK_SIZE}'", tokens_per_block, lambda b: BlockSize(b * tokens_per_block)
+    listed = dict(knob.values)
+    keys = [index for index, value in knob.values if value == blocks]
+    vary_default = knob.default == blocks and any(
+        gc.group.index not in listed for gc in chunking.groups
+    )
+    names = [str(index) for index in keys] + ([f"'{DEFAULT_KEY}'"] if vary_default else [])
+
+    def knob_at(b: int) -> Knob:
+        values = {index: b if index in keys else value for index, value in listed.items()}
+        return PerGroupBlocksPerChunk.of(values, b if vary_default else knob.default)
+
+    return f"'{BLOCKS_PER_CHUNK}'[{', '.join(names)}]", 1, knob_at
+
+
+def _knob_json(knob: Knob) -> str:
+    """``knob`` as it is written in ``kv_connector_extra_config``."""
+    value: Any
+    if isinstance(knob, BlocksPerChunk):
+        value = knob.value
+    elif isinstance(knob, BlockSize):
+        value = knob.tokens
+    else:
+        value = {str(index): b for index, b in knob.values}
+        value[DEFAULT_KEY] = knob.default
+    return json.dumps({knob_name(knob): value})
 
 
 def resolve_extra_config(

@@ -47,6 +47,14 @@ class Policy:
     window: WindowRule = WindowRule.TOKENS_BEFORE_END
     """How many chunks a sliding-window hit needs (:class:`reference.rules.WindowRule`)."""
     null_blocks_in_store: NullBlockRule = NullBlockRule.PLACEHOLDER
+    offload_junctions: bool = True
+    """Intended (vLLM 0.34.0): an offload hit that windowed groups cut short of the
+    full-attention end pins that end as a junction the request's stores keep
+    (:func:`reference.rules.shared_prefix_junction`).  False (vLLM 0.33.0): only the
+    GPU prefix cache pins junctions, so a shared prefix served from offload alone
+    is recomputed by every request under sparse retention.  The Planner takes the
+    junction from the engine (``ScheduledRequest.shared_prefix_boundary``); the
+    economics engine (:mod:`reference.economics`) computes it with this switch."""
     reload_after_failed_load: bool = False
     """False (vLLM 0.34.0): after a failed load its request never loads from the
     offloaded cache again, preemption included, so a faulting chunk is not retried.

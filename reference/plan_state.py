@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from reference.keys import group_keys
+from reference.keys import group_keys, make_key
 from reference.knobs import Chunking
 
 
@@ -40,9 +40,14 @@ class JobRecord:
 
 
 def update_keys(chunking: Chunking, req: RequestState) -> None:
-    """Keys are append-only: chunk i is keyed once its last hash unit is hashed."""
+    """Keys are append-only: chunk i is keyed once its last hash unit is hashed (a
+    request whose hashes changed under its last keyed chunk is refused)."""
     for gc, state in zip(chunking.groups, req.groups, strict=True):
-        keys = group_keys(req.block_hashes, gc)
-        if keys[: len(state.keys)] != state.keys:
+        known = len(state.keys)
+        hpc = gc.hashes_per_chunk
+        if known and (
+            len(req.block_hashes) < known * hpc
+            or make_key(req.block_hashes[known * hpc - 1], gc.group.index) != state.keys[-1]
+        ):
             raise ValueError(f"request {req.req_id}: block hashes changed under keyed chunks")
-        state.keys = keys
+        state.keys.extend(group_keys(req.block_hashes[known * hpc :], gc))

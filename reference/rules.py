@@ -122,6 +122,27 @@ def window_blocks_before_boundary(group: KVGroup) -> int:
     return cdiv(window - 1, group.tokens_per_block) + eagle_extra_chunks(group)
 
 
+def first_kept_block(gc: GroupChunking, hit_end: int) -> int:
+    """First block a windowed group keeps on the GPU for a hit ending at ``hit_end``.
+
+    The engine allocates (and a load fills) only the blocks a hit needs: a sliding
+    window the ``W - 1 + extra`` tokens before the end, chunked-local the current
+    attention chunk, Mamba the last state block; earlier entries are null blocks.
+    Full attention keeps every block (0).
+    """
+    g = gc.group
+    tpb = g.tokens_per_block
+    if g.kind is GroupKind.SLIDING_WINDOW:
+        assert g.sliding_window is not None
+        return max(0, hit_end - (g.sliding_window - 1 + g.extra_retained_tokens)) // tpb
+    if g.kind is GroupKind.CHUNKED_LOCAL:
+        assert g.attention_chunk_size is not None
+        return (hit_end // g.attention_chunk_size * g.attention_chunk_size) // tpb
+    if g.kind in (GroupKind.MAMBA, GroupKind.MAMBA_ALIGN):
+        return max(0, cdiv(hit_end, tpb) - 1)
+    return 0
+
+
 # ---------------------------------------------------------------------------
 # Stores
 # ---------------------------------------------------------------------------
@@ -441,6 +462,22 @@ def _largest_end(
     return computed
 
 
+def _full_groups_end(
+    groups: Sequence[GroupChunking], num_keys: Sequence[int], held: Callable[[int, int], bool],
+    computed: int, limit: int, align: bool, rule: WindowRule,
+) -> int | None:
+    """The end after the full groups decide in order (``limit`` without any); None when one
+    of them holds less than one chunk past ``computed``."""
+    end = limit
+    for p, gc in enumerate(groups):
+        if gc.window_in_chunks is not None:
+            continue
+        end = _largest_end(groups, (p,), num_keys, held, computed, end, align, rule)
+        if not at_least_one_chunk(gc, computed, end):
+            return None
+    return end
+
+
 def hit(
     groups: Sequence[GroupChunking],
     num_keys: Sequence[int],
@@ -459,15 +496,45 @@ def hit(
     is aligned to).  No hit (0) unless each full group's end and the hit are
     :func:`at_least_one_chunk` of the groups that decided them.
     """
-    full = [p for p, gc in enumerate(groups) if gc.window_in_chunks is None]
     windowed = [p for p, gc in enumerate(groups) if gc.window_in_chunks is not None]
-    end = limit
-    for p in full:
-        end = _largest_end(groups, (p,), num_keys, held, computed, end, align, rule)
-        if not at_least_one_chunk(groups[p], computed, end):
-            return 0
+    full_end = _full_groups_end(groups, num_keys, held, computed, limit, align, rule)
+    if full_end is None:
+        return 0
+    end = full_end
     if windowed:
         end = _largest_end(groups, windowed, num_keys, held, computed, end, align, rule)
         if not all(at_least_one_chunk(groups[p], computed, end) for p in windowed):
             return 0
     return end - computed
+
+
+def full_attention_end(
+    groups: Sequence[GroupChunking],
+    num_keys: Sequence[int],
+    held: Callable[[int, int], bool],
+    computed: int,
+    limit: int,
+    align: bool,
+    rule: WindowRule = WindowRule.TOKENS_BEFORE_END,
+) -> int | None:
+    """Where the full-attention groups alone would end a hit (the first phase of
+    :func:`hit`), when windowed groups follow them; None without both kinds, or when
+    a full group holds less than one chunk past ``computed``."""
+    kinds = {gc.window_in_chunks is None for gc in groups}
+    if kinds != {True, False}:
+        return None
+    return _full_groups_end(groups, num_keys, held, computed, limit, align, rule)
+
+
+def shared_prefix_junction(
+    full_end: int | None, computed: int, hit_tokens: int, retention_interval: int | None,
+) -> int | None:
+    """A junction the request's stores must keep: under sparse or periodic retention,
+    when windowed groups cut a hit short of :func:`full_attention_end`, that end becomes
+    a reachable boundary (a store-mask boundary, like the prompt's last token), so the
+    next request sharing the prefix finds the window there.  Without it, a shared
+    prefix whose windows were never stored at its end is recomputed by every request.
+    None: no junction (dense retention keeps every window already)."""
+    if retention_interval is None or full_end is None:
+        return None
+    return full_end if full_end > computed + hit_tokens else None

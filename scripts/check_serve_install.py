@@ -11,7 +11,11 @@ of that install gives:
 * gemma-4-31B-it, TP2, vLLM's default GPU block size: 16 on 0.33.0 (default 16
   tokens per block), 4 on 0.34.0 (vLLM 0.34.0 raised ``CacheConfig``'s default
   to 64, so its groups have 64 and 128 tokens per block);
-* DeepSeek-V4-Flash, TP4, fp8, GPU block size 256: ``blocks_per_chunk`` 2.
+* DeepSeek-V4-Flash, TP4, fp8, GPU block size 256: ``blocks_per_chunk`` 2;
+* the disk serve config's spec: vLLM's own factories load kvchunk's
+  ``KvchunkTieringOffloadingSpec`` and its ``kvchunk_fs`` file tier
+  (:mod:`vllm_adapter.safe_fs`, BLAKE3 from this install), and one chunk file goes
+  to disk and comes back verified.
 
 The expected values follow from the models' geometry (``docs/semantics.md``):
 512 tokens over the full-attention group's tokens per block (twice the GPU block
@@ -114,6 +118,39 @@ def _check(case: ServeCase, vllm: str) -> list[str]:
     return errors
 
 
+DISK_SPEC_PROBE = """
+import os, sys, tempfile
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+from vllm_adapter import names, safe_fs
+spec = OffloadingSpecFactory.get_spec_cls(names.KVCHUNK_TIERING_SPEC)
+tier = SecondaryTierFactory.get_tier_class({"type": names.KVCHUNK_FS_TIER})
+io = safe_fs.ChunkIO(namespace=bytes(16))
+path = os.path.join(tempfile.mkdtemp(), "chunk.bin")
+data = memoryview(bytearray(os.urandom(8192)))
+safe_fs.store_chunk(path, data, bytes(16), io)
+back = memoryview(bytearray(8192))
+safe_fs.load_chunk(path, back, bytes(16), io)
+assert back == data
+print(f"{spec.__name__} (file tier {tier.__name__}): a chunk file round trip verified")
+"""
+
+
+def check_disk_spec(err: TextIO) -> list[str]:
+    """The README's disk serve config: vLLM's own factories load kvchunk's spec and file tier
+    from this install (BLAKE3 included), and a chunk file goes to disk and back verified."""
+    proc = subprocess.run(
+        [sys.executable, "-c", DISK_SPEC_PROBE], capture_output=True, text=True, check=False
+    )
+    if proc.returncode == 0:
+        print(proc.stdout.strip().splitlines()[-1])
+        return []
+    tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+    error = f"kvchunk's disk spec did not load from this install (exit {proc.returncode}):\n{tail}"
+    print(f"FAILED {error}", file=err)
+    return [error]
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
@@ -124,7 +161,10 @@ def main(argv: list[str]) -> int:
         return 2
     todo = cases(vllm)
     failed = {case.name for case in todo if check(case, vllm, sys.stderr)}
-    print(f"serve_install: {len(todo) - len(failed)} passed, {len(failed)} failed")
+    if check_disk_spec(sys.stderr):
+        failed.add("disk spec")
+    total = len(todo) + 1
+    print(f"serve_install: {total - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
 
 

@@ -189,7 +189,9 @@ def test_table_and_markdown_print(model: str) -> None:
     rc, md, err = run([*flags, "--block-size", "512", "--format", "markdown"])
     assert rc == 0 and err == ""
     md_lines = md.splitlines()
-    table_rows = [line for line in md_lines if line.startswith("| ") and line[2].isdigit()]
+    first = md_lines.index(next(line for line in md_lines if line.startswith("| group ")))
+    group_table = md_lines[first : md_lines.index("", first)]  # then the workload's tables
+    table_rows = [line for line in group_table if line.startswith("| ") and line[2].isdigit()]
     assert len(table_rows) == len(windows)
     fence = md_lines.index("```json")
     assert json.loads(md_lines[fence + 1]) == printed
@@ -466,6 +468,63 @@ def test_gemma_with_the_033_gpu_block_size_is_b16_on_every_release() -> None:
     assert [g["tokens_per_chunk"] for g in d["groups"]] == [256] * 5 + [512]
 
 
+# A chunk longer than --max-model-len: DeepSeek-V4 TP4 (256-token blocks) at 1024 tokens.
+MAX_MODEL_LEN = 1024
+
+
+def dsv4_max_model_len_expected(max_model_len: int) -> tuple[str, int, int, int]:
+    """From the stored fixture, by brute force: the longest group (as error messages name
+    it), its tokens per block, the largest B whose chunk fits on every group's hash boundary,
+    and the next such B above it."""
+    from vllm_adapter import fixtures as fx
+
+    resolved = fx.load_fixture(MODELS_512["dsv4"][1])["resolved"]
+    groups, tph = resolved["groups"], resolved["tokens_per_hash"]
+    longest = max(groups, key=lambda g: g["tokens_per_block"])
+    assert [g for g in groups if "sliding" not in g["kind"]] == [longest]  # block_size's unit
+    tpb = longest["tokens_per_block"]
+
+    def valid(b: int) -> bool:
+        return all(g["tokens_per_block"] * b % tph == 0 for g in groups)
+
+    largest = max(b for b in range(1, max_model_len // tpb + 1) if valid(b))
+    above = next(b for b in range(largest + 1, 10**6) if valid(b))
+    return f"group {longest['index']} (full, {tpb} tokens/block)", tpb, largest, above
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.parametrize(("flag", "knob"), [("--block-size", "block_size"),
+                                            ("--blocks-per-chunk", "blocks_per_chunk")])
+def test_a_chunk_longer_than_max_model_len_is_one_line(flag: str, knob: str) -> None:
+    group, tpb, largest, above = dsv4_max_model_len_expected(MAX_MODEL_LEN)
+    unit = tpb if knob == "block_size" else 1
+    flags = [*DSV4, "--max-model-len", str(MAX_MODEL_LEN)]
+    # The largest valid value runs (here its chunk is exactly max_model_len long) ...
+    d = doc([*flags, flag, str(largest * unit)])
+    assert d["engine"]["max_model_len"] == MAX_MODEL_LEN
+    assert d["knob"]["blocks_per_chunk"] == largest
+    assert max(g["tokens_per_chunk"] for g in d["groups"]) == largest * tpb <= MAX_MODEL_LEN
+    # ... the next valid one is refused: the knob, the group and its chunk, the largest value.
+    rc, out, err = run([*flags, flag, str(above * unit)])
+    assert_one_line_error(rc, out, err, f"{flag}: '{knob}'={above * unit} gives {group} "
+                                        f"chunks of {above * tpb} tokens")
+    assert f"max_model_len={MAX_MODEL_LEN}" in err, err
+    assert f"The largest valid '{knob}' is {largest * unit} " in err, err
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_dsv4_block_size_2048_at_max_model_len_1024() -> None:
+    """The issue's case: 2048-token chunks, 1024-token requests."""
+    group, tpb, largest, _ = dsv4_max_model_len_expected(1024)
+    rc, out, err = run([*DSV4, "--max-model-len", "1024", "--block-size", "2048"])
+    assert_one_line_error(rc, out, err, f"--block-size: 'block_size'=2048 gives {group} chunks "
+                                        "of 2048 tokens")
+    assert f"The largest valid 'block_size' is {largest * tpb} " in err, err
+    assert f'{{"block_size": {largest * tpb}}}' in err, err
+
+
 _JUNK = st.one_of(
     st.integers(-(10**6), 10**12).map(str),
     st.sampled_from(["", "0", "-0", "1e3", "2.5", "0x10", "true", "null", " 64 ", "1_0"]),
@@ -616,16 +675,220 @@ def test_fs_tier_flag_errors_are_one_line(argv: list[str], needle: str) -> None:
 @pytest.mark.vllm
 @needs_vllm
 @pytest.mark.parametrize("model", sorted(MODELS_512))
-def test_a_knob_past_a_float_prints_or_fails_with_one_line(model: str) -> None:
+def test_a_knob_past_a_float_fails_with_one_line(model: str) -> None:
     """``--blocks-per-chunk 10**400`` (found by the CLI fuzzer: an OverflowError in the
-    files-per-million-tokens column and the byte rendering): printed without a CPU tier,
-    a one-line "holds no chunk" error with one."""
+    files-per-million-tokens column and the byte rendering; ``test_human_bytes`` keeps the
+    rendering's case): its chunks are far longer than the model's max_model_len, so it is a
+    one-line error, with or without a CPU tier."""
     flags, _, _, _ = models_512(model)
     huge = str(10**400)
-    d = doc([*flags, "--blocks-per-chunk", huge])
-    assert d["knob"]["blocks_per_chunk"] == 10**400
-    assert d["files"]["files_per_million_tokens"] == 0.0
-    rc, out, err = run([*flags, "--blocks-per-chunk", huge])
-    assert rc == 0 and huge in out, err
-    rc, out, err = run([*flags, "--blocks-per-chunk", huge, "--cpu-bytes", str(CPU_BYTES)])
-    assert_one_line_error(rc, out, err, "holds no chunk")
+    for extra in ([], ["--cpu-bytes", str(CPU_BYTES)]):
+        rc, out, err = run([*flags, "--blocks-per-chunk", huge, *extra])
+        assert_one_line_error(rc, out, err, f"'blocks_per_chunk'={huge} gives group")
+        assert "max_model_len=" in err, err
+
+
+# ---------------------------------------------------------------------------
+# The workload: files, bytes, recomputed tokens, disk time, per-group map, sweep
+# ---------------------------------------------------------------------------
+
+
+def reference_economics(
+    model: str, knob: dict[str, Any], retention: int | None = 0, prompt_only: bool = True
+) -> tuple[Any, Any, Any]:
+    """What :mod:`reference.economics` says for the fixture under ``knob`` and the installed
+    release's rules, serving the CLI's default workload: (Economics, chunking, policy)."""
+    import dataclasses
+
+    from conformance.versions import rules_for
+    from reference.economics import economics
+    from reference.workload import preset
+    from vllm_adapter import fixtures as fx
+    from vllm_adapter import vllm_api as V
+    from vllm_adapter.cli.args import DEFAULT_WORKLOAD
+    from vllm_adapter.connector import resolve_for_vllm
+    from vllm_adapter.geometry import with_extra_config
+
+    data = fx.load_fixture(MODELS_512[model][1])
+    vc = fx.make_vllm_config(data, {})
+    vc.cache_config.prefix_cache_retention_interval = retention
+    vc = with_extra_config(vc, {**knob, "spec_name": "CPUOffloadingSpec", "cpu_bytes_to_use": 1 << 30})
+    chunking, _ = resolve_for_vllm(vc, fx.rebuild_kv_cache_config(data, "scheduler"))
+    policy = dataclasses.replace(
+        rules_for(V.VLLM_VERSION).policy, retention_interval=retention,
+        offload_prompt_only=prompt_only,
+    )
+    return economics(chunking, preset(DEFAULT_WORKLOAD), policy), chunking, policy
+
+
+def assert_traffic_is(traffic: dict[str, Any], e: Any, file_bytes: dict[int, int]) -> None:
+    assert [g["index"] for g in traffic["groups"]] == [g.index for g in e.groups]
+    for got, want in zip(traffic["groups"], e.groups, strict=True):
+        assert got["files_written_per_million"] == pytest.approx(e.per_million(want.files_written))
+        assert got["files_read_per_million"] == pytest.approx(e.per_million(want.files_read))
+        assert got["bytes_written_per_million"] == pytest.approx(
+            e.per_million(want.files_written * file_bytes[want.index])
+        )
+    assert traffic["files_written_per_million"] == pytest.approx(e.per_million(e.files_written))
+    assert traffic["files_read_per_million"] == pytest.approx(e.per_million(e.files_read))
+    assert traffic["recomputed_tail_per_million"] == pytest.approx(
+        e.per_million(e.recomputed_tail_tokens)
+    )
+    assert traffic["recomputed_lost_per_million"] == pytest.approx(
+        e.per_million(e.recomputed_lost_tokens)
+    )
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.parametrize("retention", [0, None], ids=["sparse", "dense"])
+@pytest.mark.parametrize("model", sorted(MODELS_512))
+def test_files_per_million_are_reference_economics(model: str, retention: int | None) -> None:
+    """The CLI's per-group files and bytes per million prompt tokens are what
+    ``reference.economics`` computes for the same chunking, rules and workload."""
+    flags = models_512(model)[0]
+    given = ["--prefix-cache-retention-interval", "None"] if retention is None else []
+    d = doc([*flags, "--block-size", "512", *given])
+    e, chunking, _ = reference_economics(model, {"block_size": 512}, retention)
+    slot = d["cpu_tier"]["slot_bytes"]
+    assert_traffic_is(d["traffic"], e, {g.index: slot for g in e.groups})
+    assert list(d)[-6:] == ["workload", "policy", "fs_models", "traffic", "per_group_map", "sweep"]
+    assert d["sweep"] is None
+    assert d["workload"]["name"] == "chat" and d["workload"]["prompt_tokens"] == e.prompt_tokens
+    assert d["policy"]["prefix_cache_retention_interval"] == retention
+    assert d["engine"]["prefix_cache_retention_interval"] == retention
+    # Modelled disk time: files x max(latency / threads, bytes / bandwidth), per fs model.
+    from vllm_adapter.disk_model import FS_MODELS
+
+    assert [r["fs_model"] for r in d["traffic"]["disk"]] == [m.name for m in FS_MODELS]
+    for row, m in zip(d["traffic"]["disk"], FS_MODELS, strict=True):
+        files = e.per_million(e.files_written)
+        expected = files * max(m.file_latency_s / m.concurrency, slot / m.bandwidth_bps)
+        assert row["write_seconds_per_million"] == pytest.approx(expected)
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.parametrize("model", sorted(MODELS_512))
+def test_per_group_map_is_reference_economics_of_the_map(model: str) -> None:
+    """Every group at the full-attention tokens per chunk, resolved by the reference (the
+    connector refuses it): B_g = T / tokens_per_block_g, each group's own bytes per file."""
+    from reference.economics import economics
+    from reference.knobs import PerGroupBlocksPerChunk, resolve
+    from reference.workload import preset
+
+    flags = models_512(model)[0]
+    d = doc([*flags, "--block-size", "512"])
+    e, chunking, policy = reference_economics(model, {"block_size": 512})
+    m = d["per_group_map"]
+    assert m["valid"] and m["tokens_per_chunk"] == 512
+    values = {gc.group.index: 512 // gc.group.tokens_per_block for gc in chunking.groups}
+    assert {int(k): v for k, v in m["blocks_per_chunk"].items()} == values
+    mapped = resolve(chunking.geometry, PerGroupBlocksPerChunk.of(values), 0)
+    assert {gc.tokens_per_chunk for gc in mapped.groups} == {512}
+    e_map = economics(mapped, preset("chat"), policy)
+    cpu, rows = d["cpu_tier"], {g["index"]: g for g in d["groups"]}
+    sizes = {
+        i: -(-rows[i]["group_bytes_per_block"] * cpu["copies"] * b // cpu["page_alignment"])
+        * cpu["page_alignment"]
+        for i, b in values.items()
+    }
+    assert_traffic_is(m["traffic"], e_map, sizes)
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_decode_storing_workload_file_and_fs_model(tmp_path: Path) -> None:
+    """--decode-storing is vLLM's offload_prompt_only false; --workload FILE; --fs-model."""
+    agentic = (REPO / "reference" / "workloads" / "agentic.toml").read_text()
+    path = tmp_path / "mine.toml"
+    path.write_text(agentic.replace('name = "agentic"', 'name = "mine"').replace(
+        "sessions = 4", "sessions = 1"))
+    argv = [*DSV4, "--block-size", "512", "--workload", str(path), "--fs-model", "nfs"]
+    prompt_only = doc(argv)
+    stored = doc([*argv, "--decode-storing"])
+    extra = stored["kv_transfer_config"]["kv_connector_extra_config"]
+    assert extra["offload_prompt_only"] is False
+    assert "offload_prompt_only" not in prompt_only["kv_transfer_config"]["kv_connector_extra_config"]
+    assert stored["policy"]["offload_prompt_only"] is False
+    assert prompt_only["policy"]["offload_prompt_only"] is True
+    assert stored["workload"]["name"] == "mine" and stored["workload"]["given"] == str(path)
+    assert (
+        stored["traffic"]["files_written_per_million"]
+        >= prompt_only["traffic"]["files_written_per_million"]
+    )
+    assert [m["name"] for m in stored["fs_models"]] == ["NFS/Lustre"]
+    assert [r["fs_model"] for r in stored["traffic"]["disk"]] == ["NFS/Lustre"]
+    rc, out, err = run([*argv, "--decode-storing"])
+    assert rc == 0 and "prompt and decoded tokens stored" in out, err
+    assert "NFS/Lustre" in out and "object store" not in out
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_sweep_table_json_and_plot(tmp_path: Path) -> None:
+    from vllm_adapter.disk_model import FS_MODELS
+
+    argv = [*GEMMA, "--blocks-per-chunk", "4", "--sweep"]
+    d = doc(argv)
+    sweep = d["sweep"]
+    assert sweep["knob_name"] == "blocks_per_chunk" and sweep["plot"] is None
+    assert [p["knob"] for p in sweep["points"]] == [{"blocks_per_chunk": 1 << k} for k in range(8)]
+    assert sweep["points"][0]["recomputed_added_per_million"] is None
+    for a, b in zip(sweep["points"], sweep["points"][1:], strict=False):
+        assert b["recomputed_added_per_million"] == pytest.approx(
+            b["traffic"]["recomputed_per_million"] - a["traffic"]["recomputed_per_million"]
+        )
+        assert b["file_bytes"] > a["file_bytes"]
+    # The chosen knob's point is the CLI's own figures.
+    (chosen,) = [p for p in sweep["points"] if p["knob"] == {"blocks_per_chunk": 4}]
+    assert chosen["traffic"] == d["traffic"]
+    # The knee: the first point whose files are bandwidth-bound both ways, per model.
+    for knee, m in zip(sweep["knees"], FS_MODELS, strict=True):
+        first = next((p for p in sweep["points"]
+                      if m.bound(p["file_bytes"], "write") == m.bound(p["file_bytes"], "read")
+                      == "bandwidth"), None)
+        assert knee["fs_model"] == m.name
+        assert knee["knob"] == (None if first is None else first["knob"])
+    png = tmp_path / "sweep.png"
+    rc, out, err = run([*argv, "--plot", str(png)])
+    assert rc == 0 and err == "", err
+    assert "sweep of blocks_per_chunk" in out and f"plot: {png}" in out
+    assert "IOPS-bound" in out and "+recomputed" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+WORKLOAD_FILE_ERRORS = [
+    ('name = "w"\nsessions = 2\nturns = "four"\nturn_tokens = 8\noutput_tokens = 8\n', "turns"),
+    ('name = "w"\nsessions = 2\nturns = 2\nturn_tokens = [9, 1]\noutput_tokens = 8\n',
+     "turn_tokens"),
+    ('name = "w"\nsessions = 2\nturns = 2\nturn_tokens = 8\noutput_tokens = 8\nsesions = 3\n',
+     "sesions"),
+    ('name = "w"\nturns = 2\nturn_tokens = 8\noutput_tokens = 8\n', "sessions"),
+    ("name = [", "not valid TOML"),
+]
+
+
+@pytest.mark.parametrize(("text", "field"), WORKLOAD_FILE_ERRORS)
+def test_malformed_workload_file_is_one_line_naming_the_field(
+    tmp_path: Path, text: str, field: str
+) -> None:
+    path = tmp_path / "w.toml"
+    path.write_text(text)
+    rc, out, err = run([*GEMMA, "--workload", str(path)])
+    assert_one_line_error(rc, out, err, "--workload: workload file")
+    assert field in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        ([*GEMMA, "--workload", "nope"], "neither a preset (chat, rag, agentic) nor an existing file"),
+        ([*GEMMA, "--plot", "x.png"], "--plot needs --sweep"),
+        ([*GEMMA, "--sweep", "--chunk-bytes", "8MiB"], "not --chunk-bytes"),
+        ([*GEMMA, "--fs-model", "tape"], "invalid choice: 'tape'"),
+        ([*GEMMA, "--prefix-cache-retention-interval", "dense"], "or None (dense retention)"),
+    ],
+)
+def test_economics_flag_errors_are_one_line(argv: list[str], needle: str) -> None:
+    assert_one_line_error(*run(argv), needle)

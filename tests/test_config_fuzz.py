@@ -69,8 +69,12 @@ CLASSES: list[tuple[str, dict[str, Any], str]] = [
     ("bool", {"blocks_per_chunk": True}, "rejected"),
     ("negative", {"block_size": -512}, "rejected"),
     ("zero", {"blocks_per_chunk": 0}, "rejected"),
-    ("huge", {"blocks_per_chunk": 10**30}, "accepted"),
-    ("huge float", {"blocks_per_chunk": 1e308}, "accepted"),
+    # Chunks far longer than max_model_len (tiny-hybrid: 65536 tokens): never stored, refused.
+    ("huge", {"blocks_per_chunk": 10**30}, "rejected"),
+    ("huge float", {"blocks_per_chunk": 1e308}, "rejected"),
+    # 64-token full blocks: 1024 blocks span max_model_len exactly, 1025 one block more.
+    ("chunk as long as max_model_len", {"blocks_per_chunk": 65536 // 64}, "accepted"),
+    ("chunk past max_model_len", {"blocks_per_chunk": 65536 // 64 + 1}, "rejected"),
     ("nested object", {"blocks_per_chunk": {"0": {"1": 2}}}, "rejected"),
     ("list", {"block_size": [512]}, "rejected"),
     ("both knobs", {"block_size": 512, "blocks_per_chunk": 2}, "rejected"),

@@ -384,9 +384,18 @@ def test_random_extra_configs_value_error_or_vllm_runs_it(extra: dict[str, Any])
 
 @given(blocks=st.integers(1, 4096), as_str=st.booleans())
 def test_stock_blocks_per_chunk_is_accepted_the_same_way(blocks: int, as_str: bool) -> None:
-    """Whatever vLLM accepts as a positive int (or decimal string) knob, kvchunk runs as is."""
+    """Whatever vLLM accepts as a positive int (or decimal string) knob, kvchunk runs as is,
+    unless its longest chunk exceeds max_model_len: vLLM runs that knob and never stores a
+    chunk, kvchunk refuses it."""
     extra = {"blocks_per_chunk": str(blocks) if as_str else blocks, "cpu_bytes_to_use": CPU_BYTES}
     vc = with_extra_config(_MIXED_VC, extra)
+    longest = max(g.kv_cache_spec.block_size for g in _MIXED_KV.kv_cache_groups) * blocks
+    if longest > vc.model_config.max_model_len:
+        event("longer than max_model_len")
+        with pytest.raises(ValueError, match=f"max_model_len={vc.model_config.max_model_len}"):
+            resolve_for_vllm(vc, _MIXED_KV)
+        assert vllm_blocks_per_chunk(_MIXED_KV, vc).blocks_per_chunk == blocks
+        return
     chunking, vllm_extra = resolve_for_vllm(vc, _MIXED_KV)
     assert chunking.uniform_blocks_per_chunk == blocks
     assert vllm_extra == {"blocks_per_chunk": blocks, "cpu_bytes_to_use": CPU_BYTES}

@@ -23,6 +23,13 @@ malformed ``group_sizes`` / ``block_indices``; for the store, malformed
 constructor arguments and every key-taking method given ``None``, a single key,
 a string or a list holding a non-``bytes`` key.  Every case checks that every
 tensor (and the store's bookkeeping) is bitwise unchanged afterwards.
+
+Last, chunk knobs longer than ``max_model_len`` (issue #16, "Bad input"): the
+reference (``Geometry.max_model_len``) and the connector (vLLM's
+``model_config.max_model_len``) refuse a knob whose longest chunk exceeds it,
+naming the knob, that group and the largest valid value -- computed here by brute
+force over the existing rules, then checked to be accepted while the next valid
+value is refused.
 """
 
 from __future__ import annotations
@@ -34,6 +41,14 @@ import numpy as np
 import pytest
 import torch
 
+from reference.geometry import Geometry, GroupKind, KVGroup
+from reference.knobs import (
+    BlockSize,
+    BlocksPerChunk,
+    Knob,
+    PerGroupBlocksPerChunk,
+    resolve,
+)
 from reference.store import ChunkStore
 from reference.transfer import TensorRef, TransferLayout, gather, plan_copies, scatter
 
@@ -268,3 +283,211 @@ def test_store_rejections_midway_change_nothing() -> None:
             call()
         assert _same(_snapshot(store), before)
     store.check_invariants()
+
+
+# -- chunk knobs against max_model_len ------------------------------------------
+
+# Full attention at 32 tokens/block (group 0) and a 16-token/block sliding window (group 1)
+# under a 64-token hash unit: every chunk must end on a hash boundary, so B is a multiple
+# of 4 (16 * B % 64 == 0); group 0 has the longest chunks, 32 * B tokens.
+FULL = KVGroup(0, GroupKind.FULL, 32)
+SWA = KVGroup(1, GroupKind.SLIDING_WINDOW, 16, sliding_window=128)
+TPH = 64
+LONGEST = "group 0 (full, 32 tokens/block)"
+
+
+def _geometry(max_model_len: int | None) -> Geometry:
+    return Geometry((FULL, SWA), TPH, max_model_len=max_model_len)
+
+
+def _valid_blocks(b: int, retention: int | None) -> bool:
+    """The rules other than max_model_len, by arithmetic, for one B on every group."""
+    spans = {g.index: g.tokens_per_block * b for g in (FULL, SWA)}
+    on_hash = all(span % TPH == 0 for span in spans.values())
+    retained = retention in (None, 0) or retention % spans[SWA.index] == 0
+    return on_hash and retained
+
+
+def _largest_and_next(max_model_len: int, retention: int | None) -> tuple[int | None, int]:
+    """Brute force: the largest valid B whose longest chunk fits, and the next valid B above."""
+    fitting = [b for b in range(1, max_model_len // FULL.tokens_per_block + 1)
+               if _valid_blocks(b, retention)]
+    largest = max(fitting, default=None)
+    above = next(b for b in range((largest or 0) + 1, 10**6) if _valid_blocks(b, retention))
+    return largest, above
+
+
+def _longest_tokens(geometry: Geometry, knob: Knob, retention: int | None) -> int:
+    return max(gc.tokens_per_chunk for gc in resolve(geometry, knob, retention).groups)
+
+
+@pytest.mark.parametrize(("max_model_len", "retention"),
+                         [(1000, 0), (1000, None), (1000, 640), (4096, 0), (200, 640)])
+@pytest.mark.parametrize("knob_name", ["blocks_per_chunk", "block_size"])
+def test_a_chunk_longer_than_max_model_len_is_refused(
+    max_model_len: int, retention: int | None, knob_name: str
+) -> None:
+    """Largest valid value accepted, the next valid value refused with a message naming the
+    knob, the longest group (and its chunk) and that largest value."""
+    largest, above = _largest_and_next(max_model_len, retention)
+    assert largest is not None
+    # Distinct knobs: blocks per chunk, or the full group's chunk span in tokens.
+    def make(b: int) -> Knob:
+        return BlocksPerChunk(b) if knob_name == "blocks_per_chunk" else BlockSize(32 * b)
+
+    def value(b: int) -> int:
+        return b if knob_name == "blocks_per_chunk" else 32 * b
+
+    geometry = _geometry(max_model_len)
+    assert _longest_tokens(geometry, make(largest), retention) <= max_model_len
+    # Without max_model_len, the refused value is valid: only the length rule refuses it.
+    assert _longest_tokens(_geometry(None), make(above), retention) == 32 * above > max_model_len
+    with pytest.raises(ValueError) as info:
+        resolve(geometry, make(above), retention)
+    message = str(info.value)
+    assert f"'{knob_name}'={value(above)}" in message, message
+    assert f"max_model_len={max_model_len}" in message, message
+    assert f"{LONGEST} chunks of {32 * above} tokens" in message, message
+    assert f"The largest valid '{knob_name}' is {value(largest)} " in message, message
+    assert f'{{"{knob_name}": {value(largest)}}}' in message, message
+
+
+@pytest.mark.parametrize("knob", [BlocksPerChunk(32), BlockSize(1024),
+                                  PerGroupBlocksPerChunk.of({0: 32}, default=4)], ids=repr)
+def test_a_chunk_exactly_max_model_len_long_is_accepted(knob: Knob) -> None:
+    chunking = resolve(_geometry(32 * 32), knob)
+    assert max(gc.tokens_per_chunk for gc in chunking.groups) == 32 * 32
+    with pytest.raises(ValueError, match="max_model_len=1023"):
+        resolve(_geometry(32 * 32 - 1), knob)
+
+
+def test_no_valid_value_is_said_so() -> None:
+    """max_model_len 100: B <= 3 fits, but only multiples of 4 end on a hash boundary."""
+    assert _largest_and_next(100, 0)[0] is None
+    for knob, name in ((BlocksPerChunk(4), "'blocks_per_chunk'"), (BlockSize(128), "'block_size'")):
+        with pytest.raises(ValueError) as info:
+            resolve(_geometry(100), knob)
+        message = str(info.value)
+        assert f"{LONGEST} chunks of 128 tokens" in message, message
+        assert f"No value of {name} is valid" in message, message
+    # A group whose single block is already longer than max_model_len.
+    with pytest.raises(ValueError, match="No value of 'blocks_per_chunk' is valid: even 1 block"):
+        resolve(Geometry((KVGroup(0, GroupKind.FULL, 256),), 16, max_model_len=100),
+                BlocksPerChunk(1))
+
+
+def test_per_group_map_names_the_entry_of_the_longest_group() -> None:
+    """Group 0's entry must be even (32 * B % 64) and fit: the largest is the largest even
+    B <= 1000 // 32; the sliding group's default stays."""
+    largest = max(b for b in range(1, 1000 // 32 + 1) if 32 * b % TPH == 0)
+    knob = PerGroupBlocksPerChunk.of({0: 40}, default=4)
+    with pytest.raises(ValueError) as info:
+        resolve(_geometry(1000), knob)
+    message = str(info.value)
+    assert f"'blocks_per_chunk'[0]=40 gives {LONGEST} chunks of {32 * 40} tokens" in message
+    assert f"The largest valid 'blocks_per_chunk'[0] is {largest} " in message, message
+    assert f'{{"blocks_per_chunk": {{"0": {largest}, "default": 4}}}}' in message, message
+    resolve(_geometry(1000), PerGroupBlocksPerChunk.of({0: largest}, default=4))
+    # One default for both groups: varied together, so the global rule's answer.
+    global_largest = _largest_and_next(1000, 0)[0]
+    with pytest.raises(ValueError) as info:
+        resolve(_geometry(1000), PerGroupBlocksPerChunk.of({}, default=40))
+    assert f'{{"blocks_per_chunk": {{"default": {global_largest}}}}}' in str(info.value)
+
+
+def test_other_rules_are_checked_first() -> None:
+    """A knob both too long and off the hash boundary gets the hash-boundary error."""
+    with pytest.raises(ValueError, match="hash boundary") as info:
+        resolve(_geometry(100), BlocksPerChunk(1002))
+    assert "max_model_len" not in str(info.value)
+
+
+def test_max_model_len_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_model_len"):
+        _geometry(0)
+
+
+# -- the connector: vLLM's model_config.max_model_len ------------------------------
+
+DSV4_FIXTURE = "deepseek-v4-flash-tp4"
+
+
+def _dsv4_engine(max_model_len: int) -> tuple[Any, Any]:
+    """The DeepSeek-V4 TP4 fixture's engine config (kvchunk's connector), another max_model_len."""
+    from vllm_adapter import fixtures as fx
+    from vllm_adapter.names import KVCHUNK_CONNECTOR, KVCHUNK_CONNECTOR_MODULE
+
+    data = fx.load_fixture(DSV4_FIXTURE)
+    data = {**data, "engine_args": {**data["engine_args"], "max_model_len": max_model_len}}
+    vc = fx.make_vllm_config(data, {}, connector=KVCHUNK_CONNECTOR,
+                             connector_module_path=KVCHUNK_CONNECTOR_MODULE)
+    assert vc.model_config.max_model_len == max_model_len
+    return vc, fx.rebuild_kv_cache_config(data, "scheduler")
+
+
+def _dsv4_expected(max_model_len: int) -> tuple[dict[str, Any], int, int]:
+    """From the stored fixture: the full group, and the largest / next valid B by brute force."""
+    from vllm_adapter import fixtures as fx
+
+    resolved = fx.load_fixture(DSV4_FIXTURE)["resolved"]
+    groups, tph = resolved["groups"], resolved["tokens_per_hash"]
+    longest = max(groups, key=lambda g: g["tokens_per_block"])
+    full = [g for g in groups if "sliding" not in g["kind"]]
+    assert full == [longest]  # one full (MLA) group, the longest chunks, block_size's unit
+
+    def valid(b: int) -> bool:
+        return all(g["tokens_per_block"] * b % tph == 0 for g in groups)
+
+    largest = max(b for b in range(1, max_model_len // longest["tokens_per_block"] + 1)
+                  if valid(b))
+    return longest, largest, next(b for b in range(largest + 1, 10**6) if valid(b))
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("knob_name", ["block_size", "blocks_per_chunk"])
+def test_connector_refuses_a_chunk_longer_than_max_model_len(knob_name: str) -> None:
+    pytest.importorskip("vllm")
+    from vllm_adapter import vllm_api as V
+    from vllm_adapter.connector import KvchunkOffloadingConnector, resolve_for_vllm
+    from vllm_adapter.geometry import with_extra_config
+
+    vc, kv = _dsv4_engine(1024)
+    longest, largest, above = _dsv4_expected(1024)
+    tpb = longest["tokens_per_block"]
+
+    def value(b: int) -> int:
+        return b if knob_name == "blocks_per_chunk" else b * tpb
+
+    def config(b: int) -> Any:
+        return with_extra_config(vc, {**vc.kv_transfer_config.kv_connector_extra_config,
+                                      knob_name: value(b)})
+
+    chunking, vllm_extra = resolve_for_vllm(config(largest), kv)
+    assert vllm_extra["blocks_per_chunk"] == largest
+    assert max(gc.tokens_per_chunk for gc in chunking.groups) == tpb * largest <= 1024
+    with pytest.raises(ValueError) as info:
+        resolve_for_vllm(config(above), kv)
+    message = str(info.value)
+    group = f"group {longest['index']} (full, {tpb} tokens/block)"
+    assert f"'{knob_name}'={value(above)} gives {group} chunks of {tpb * above} tokens" in message
+    assert "max_model_len=1024" in message, message
+    assert f"The largest valid '{knob_name}' is {value(largest)} " in message, message
+    # The connector itself: a ValueError from __init__, before vLLM sees the config.
+    with pytest.raises(ValueError, match="max_model_len=1024"):
+        KvchunkOffloadingConnector(config(above), V.KVConnectorRole.SCHEDULER, kv)
+
+
+@pytest.mark.vllm
+def test_connector_accepts_a_chunk_exactly_max_model_len_long() -> None:
+    pytest.importorskip("vllm")
+    from vllm_adapter.connector import resolve_for_vllm
+    from vllm_adapter.geometry import with_extra_config
+
+    longest, _, _ = _dsv4_expected(2048)
+    tpb = longest["tokens_per_block"]
+    vc, kv = _dsv4_engine(8 * tpb)
+    extra = dict(vc.kv_transfer_config.kv_connector_extra_config)
+    chunking, _ = resolve_for_vllm(with_extra_config(vc, {**extra, "block_size": 8 * tpb}), kv)
+    assert max(gc.tokens_per_chunk for gc in chunking.groups) == 8 * tpb
+    with pytest.raises(ValueError, match=f"max_model_len={8 * tpb}"):
+        resolve_for_vllm(with_extra_config(vc, {**extra, "blocks_per_chunk": 9}), kv)

@@ -15,7 +15,12 @@ from typing import Any
 import pytest
 
 from reference.knobs import BLOCK_SIZE
-from vllm_adapter.names import CPU_SPEC, KVCHUNK_CONNECTOR, KVCHUNK_CONNECTOR_MODULE, TIERING_SPEC
+from vllm_adapter.names import (
+    CPU_SPEC,
+    KVCHUNK_CONNECTOR,
+    KVCHUNK_CONNECTOR_MODULE,
+    KVCHUNK_TIERING_SPEC,
+)
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 MODELS = ["google/gemma-4-31B-it", "deepseek-ai/DeepSeek-V4-Flash"]
@@ -73,13 +78,15 @@ def test_readme_cpu_commands_use_the_seeds_block_size() -> None:
         assert "secondary_tiers" not in extra
 
 
-def test_readme_disk_commands_add_vllms_fs_tier() -> None:
+def test_readme_disk_commands_use_kvchunks_checksummed_fs_tier() -> None:
+    """#17: the disk commands select kvchunk's tier (vLLM's stock fs tier serves wrong KV)."""
     gemma, dsv4 = _serve_blocks()[1]
     sizes = [_config(argv)["kv_connector_extra_config"][BLOCK_SIZE] for argv in (gemma, dsv4)]
     assert sizes == [512, 1024]  # DeepSeek-V4: 1024 tokens, half the files of 512
     for argv in (gemma, dsv4):
         extra = _config(argv)["kv_connector_extra_config"]
-        assert extra["spec_name"] == TIERING_SPEC
+        assert extra["spec_name"] == KVCHUNK_TIERING_SPEC["spec_name"]
+        assert extra["spec_module_path"] == KVCHUNK_TIERING_SPEC["spec_module_path"]
         (tier,) = extra["secondary_tiers"]
         assert tier["type"] == "fs"
         assert tier["root_dir"].startswith("/")

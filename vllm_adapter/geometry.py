@@ -103,7 +103,8 @@ def geometry_from_vllm(kv_cache_config: Any, vllm_config: Any) -> Geometry:
     cannot handle, and lets vLLM's own ``ValueError`` from
     ``resolve_kv_cache_block_sizes`` (e.g. a bad ``prefix_match_unit``) through.
     An empty geometry (no eligible group) is returned as is; the reference's
-    ``resolve`` rejects it with vLLM's message.
+    ``resolve`` rejects it with vLLM's message.  ``max_model_len`` is the model
+    config's: the reference refuses chunks longer than it.
     """
     dcp = vllm_config.parallel_config.decode_context_parallel_size
     _, tokens_per_hash = V.resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
@@ -127,10 +128,14 @@ def geometry_from_vllm(kv_cache_config: Any, vllm_config: Any) -> Geometry:
         except ValueError as e:
             raise ValueError(f"{_describe_vllm_group(index, spec, tokens_per_block)}: {e}") from e
     name = ""
+    max_model_len: int | None = None
     model_config = getattr(vllm_config, "model_config", None)
     if model_config is not None:
         name = str(getattr(model_config, "model", "") or "")
-    return Geometry(groups=tuple(groups), tokens_per_hash=tokens_per_hash, name=name)
+        if getattr(model_config, "max_model_len", None) is not None:
+            max_model_len = int(model_config.max_model_len)
+    return Geometry(groups=tuple(groups), tokens_per_hash=tokens_per_hash, name=name,
+                    max_model_len=max_model_len)
 
 
 def retention_interval_from(vllm_config: Any) -> int | None:

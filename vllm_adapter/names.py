@@ -33,3 +33,18 @@ REFERENCE_SPEC = {"spec_name": REFERENCE_SPEC_NAME, "spec_module_path": REFERENC
 def connector_module(connector: str) -> str | None:
     """The module path a connector name needs: kvchunk's, or ``None`` for vLLM's own."""
     return KVCHUNK_CONNECTOR_MODULE if connector == KVCHUNK_CONNECTOR else None
+
+
+KVCHUNK_TIERING_SPEC_NAME = "KvchunkTieringOffloadingSpec"
+"""kvchunk's serving tiering spec: vLLM's tiering with a checksummed, geometry-namespaced file tier."""
+
+KVCHUNK_TIERING_SPEC_MODULE = "vllm_adapter.safe_fs"
+
+KVCHUNK_TIERING_SPEC = {
+    "spec_name": KVCHUNK_TIERING_SPEC_NAME,
+    "spec_module_path": KVCHUNK_TIERING_SPEC_MODULE,
+}
+"""The ``kv_connector_extra_config`` entries that select it."""
+
+KVCHUNK_FS_TIER = "kvchunk_fs"
+"""The secondary-tier ``type`` its file tier registers under (``"fs"`` tiers become it)."""

@@ -571,3 +571,26 @@ TIERING_REJECTS_MULTINODE: bool = hasattr(_tiering_spec_module, "_reject_workers
 """0.34.0: ``TieringOffloadingSpec.create_worker`` rejects secondary tiers on
 engines whose workers span nodes (a collective over the TP/PP/PCP groups);
 0.33.0 has no such check."""
+
+
+# --- checksummed file tier ---
+# Used by vllm_adapter.safe_fs (KvchunkTieringOffloadingSpec / KvchunkFileTierManager):
+# vLLM's secondary-tier registry (the tier registers under a short type name) and
+# the one bookkeeping difference of FileSystemTierManager.submit_store between
+# the releases.
+from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory  # noqa: E402, F401
+
+
+def fs_tier_track_store(tier: _Any, job: _Any) -> None:
+    """Record a store job as ``FileSystemTierManager.submit_store`` does before enqueueing it.
+
+    0.34.0 keeps every store job (``_store_jobs``: a finished store marks its keys
+    present in the lookup cache, and feeds KV events); 0.33.0 keeps the keys only
+    when KV events are on (``_store_job_keys``).  Detected by the attribute the
+    release's ``__init__`` created.
+    """
+    jobs = getattr(tier, "_store_jobs", None)
+    if isinstance(jobs, dict):
+        jobs[job.job_id] = job
+    elif tier.events is not None:
+        tier._store_job_keys[job.job_id] = list(job.keys)

@@ -50,6 +50,12 @@ The benchmarks (``conformance/bench/test_*.py``; each records its numbers in
     group, ``FileMapper`` names, its ``batch_store_block`` / ``batch_load_block``
     I/O on its ``DualQueueThreadPool``), written then read back, vs one
     sequential file of the same bytes.  Informational.
+``sweep``
+    ``python -m vllm_adapter config --sweep`` after vLLM's planning
+    (``conformance/bench/test_bench_sweep.py``): 8 ``blocks_per_chunk`` values, each
+    served through the default ~1M-token workload preset by ``reference.economics``.
+    Target: the round times over a 10-s budget <= 1.0 (a ratio against a constant:
+    the interval is the times' own).
 ``suite``
     Plan-lane examples per second on the fixture geometries: the whole example
     (hypothesis draw, vLLM run, reference replay, comparison) and the oracle
@@ -63,7 +69,8 @@ Environment: ``KVCHUNK_BENCH_THREADS`` (torch intra-op threads, default 1:
 both sides of every ratio are single-stream copies, and a 2-core runner shared
 with other jobs makes OpenMP's 2-thread copies mostly scheduling noise),
 ``KVCHUNK_BENCH_ROUNDS`` (default 9; ``KVCHUNK_BENCH_ORACLE_ROUNDS`` 7,
-``KVCHUNK_BENCH_DISK_ROUNDS`` 3, ``KVCHUNK_BENCH_SUITE_ROUNDS`` 3),
+``KVCHUNK_BENCH_DISK_ROUNDS`` 3, ``KVCHUNK_BENCH_SUITE_ROUNDS`` 3,
+``KVCHUNK_BENCH_SWEEP_ROUNDS`` 3),
 ``KVCHUNK_BENCH_DISK_MB`` (MiB per disk configuration, default 256),
 ``KVCHUNK_BENCH_DIR`` (where the disk benchmark writes; default a fresh
 directory in the checkout), ``KVCHUNK_BENCH_SUITE_EXAMPLES`` (default 12).
@@ -163,6 +170,21 @@ TARGETS: tuple[Target, ...] = (
         "(32k prompts) for blocks_per_chunk >= 4",
         None,
         1.0,
+        4,
+    ),
+    Target(
+        "sweep",
+        "config --sweep (8 knob values, ~1M-token preset) within 10 s after vLLM's planning",
+        None,
+        1.0,
+        0,
+    ),
+    Target(
+        "disk_checksum",
+        "kvchunk's checksummed fs tier >= 0.95 x vLLM's plain fs tier (files per second) "
+        "for blocks_per_chunk >= 4",
+        0.95,
+        None,
         4,
     ),
     Target(

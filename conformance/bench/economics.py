@@ -1,128 +1,96 @@
-"""File economics of vLLM's file-system tier (pure model; no vLLM, no I/O).
+"""File economics of one knob on a fixture geometry: the CLI's computation, for the bench.
 
 vLLM's fs tier (``vllm/v1/kv_offload/tiering/fs``) writes **one file per chunk
 per offloaded group**, each file one CPU-tier chunk row: ``round_up(
 worker_kv_bytes_per_block x copies x blocks_per_chunk, 4096)`` bytes (``copies``:
-TP ranks, or 1 with vLLM's replicated MLA layout).  So a group whose chunk
-covers ``tokens_per_chunk`` tokens costs ``1e6 / tokens_per_chunk`` files per
-million tokens it stores.
-
-Workload (:data:`WORKLOAD`): ``conversations`` multi-turn conversations, each
-``turns`` turns of ``tokens_per_turn`` new tokens, all behind one shared
-``system_tokens`` system prompt.  Only full chunks are stored (a partial tail
-is recomputed); the system prompt's chunks are stored once (same hashes).
-Windowed groups are counted like full-attention ones (every chunk prefill
-passes through is stored): an upper bound for them.
-
-Shared file system model (:class:`FsModel`): each file costs a fixed latency
-``file_latency_s`` (create + write + close/rename: metadata round trips) that
-``concurrency`` I/O threads overlap, plus its bytes at ``bandwidth_bps``:
-``seconds per file = max(file_latency_s / concurrency, file_bytes / bandwidth_bps)``.
-The deployment is IOPS-bound while the first term wins, bandwidth-bound after;
-the crossover file size is ``file_latency_s x bandwidth_bps / concurrency``.
-The latencies are assumptions, not measurements (see :data:`FS_MODELS`).
+TP ranks, or 1 with vLLM's replicated MLA layout).  How many files a workload
+writes and reads, and how many tokens the chunk granularity costs, is what
+``python -m vllm_adapter config`` prints: :func:`reference.economics.economics`
+serving the workload (:data:`WORKLOAD`) through the
+reference Planner under the installed release's rules
+(:func:`vllm_adapter.cli.economics.traffic`), and the disk model
+(:mod:`vllm_adapter.disk_model`: :class:`FsModel`, :data:`FS_MODELS`,
+:func:`modelled`, one copy shared with the CLI).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Any
+
+from reference.workload import Workload, preset
+from vllm_adapter.disk_model import FS_MODELS, FsModel, ModelledThroughput, modelled
 
 __all__ = [
     "FS_MODELS",
     "WORKLOAD",
     "FsModel",
     "ModelledThroughput",
-    "Workload",
-    "files_per_million_tokens",
+    "file_economics",
     "modelled",
 ]
 
-
-@dataclass(frozen=True)
-class Workload:
-    conversations: int
-    turns: int
-    tokens_per_turn: int
-    system_tokens: int
-
-    @property
-    def tokens(self) -> int:
-        """Distinct tokens offered for storing (the system prompt once)."""
-        return self.system_tokens + self.conversations * self.turns * self.tokens_per_turn
+WORKLOAD: Workload = preset("agentic")
+"""The workload the file-economics table serves: the ``agentic`` preset, whose contexts
+(3k-token system prompt, 20 turns, up to ~30k tokens) span every swept chunk size
+(``blocks_per_chunk`` 1..32: up to 8192-token chunks); the CLI's default ``chat``
+stores nothing at 4096-token chunks.  ``python -m vllm_adapter config --workload
+agentic`` prints the same figures."""
 
 
-WORKLOAD = Workload(conversations=64, turns=8, tokens_per_turn=2048, system_tokens=4096)
-"""64 conversations x 8 turns x 2048 tokens, one shared 4096-token system prompt (~1.05M tokens)."""
+def file_economics(geometry: str, knob: str, value: int) -> dict[str, Any]:
+    """The knob's chunking, file size and the workload's files, hits and disk time."""
+    from vllm_adapter import fixtures as fx
+    from vllm_adapter import vllm_api as V
+    from vllm_adapter.cli.economics import serve, traffic
+    from vllm_adapter.cli.sizing import release_policy, slot_bytes
+    from vllm_adapter.connector import resolve_for_vllm
+    from vllm_adapter.geometry import with_extra_config
+    from vllm_adapter.names import CPU_SPEC
 
-
-def group_files(workload: Workload, tokens_per_chunk: int) -> int:
-    """Files one group writes for ``workload``: full chunks only, the shared prefix's once."""
-    if tokens_per_chunk <= 0:
-        raise ValueError(f"tokens_per_chunk must be > 0, got {tokens_per_chunk}")
-    shared = workload.system_tokens // tokens_per_chunk
-    per_conversation = (
-        workload.system_tokens + workload.turns * workload.tokens_per_turn
-    ) // tokens_per_chunk
-    return shared + workload.conversations * (per_conversation - shared)
-
-
-def files_per_million_tokens(workload: Workload, tokens_per_chunk: list[int]) -> float:
-    """Files per million offered tokens, summed over the groups' ``tokens_per_chunk``."""
-    files = sum(group_files(workload, t) for t in tokens_per_chunk)
-    return files * 1e6 / workload.tokens
-
-
-@dataclass(frozen=True)
-class FsModel:
-    name: str
-    file_latency_s: float
-    concurrency: int
-    bandwidth_bps: float
-    source: str
-
-    @property
-    def crossover_bytes(self) -> float:
-        """File size above which the model is bandwidth-bound."""
-        return self.file_latency_s * self.bandwidth_bps / self.concurrency
-
-
-@dataclass(frozen=True)
-class ModelledThroughput:
-    files_per_s: float
-    bytes_per_s: float
-    bound: str
-    """``"IOPS"`` or ``"bandwidth"``."""
-
-
-def modelled(model: FsModel, file_bytes: int) -> ModelledThroughput:
-    """Files/s and bytes/s of ``model`` writing files of ``file_bytes``."""
-    latency = model.file_latency_s / model.concurrency
-    transfer = file_bytes / model.bandwidth_bps
-    seconds = max(latency, transfer)
-    return ModelledThroughput(
-        1 / seconds, file_bytes / seconds, "IOPS" if latency > transfer else "bandwidth"
+    data = fx.load_fixture(geometry)
+    sched = fx.rebuild_kv_cache_config(data, "scheduler")
+    base = {"spec_name": CPU_SPEC, "cpu_bytes_to_use": 1 << 30}
+    vc = with_extra_config(fx.make_vllm_config(data, {}), {knob: value, **base})
+    chunking, vllm_extra = resolve_for_vllm(vc, sched)
+    worker = fx.rebuild_kv_cache_config(data, "worker")
+    config = V.build_offloading_config(with_extra_config(vc, {**vllm_extra, **base}), worker)
+    blocks = int(vllm_extra["blocks_per_chunk"])
+    copies = 1 if config.replicated_layout else int(config.parallel.world_size)
+    align = int(V.CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT)
+    file_bytes = slot_bytes(int(config.worker_kv_bytes_per_block), copies, blocks, align)
+    policy, _ = release_policy(V.VLLM_VERSION, vc, True)
+    t = traffic(
+        serve(chunking, WORKLOAD, policy),
+        {gc.group.index: file_bytes for gc in chunking.groups},
+        FS_MODELS,
     )
-
-
-FS_MODELS: tuple[FsModel, ...] = (
-    FsModel(
-        "NFS/Lustre",
-        2e-3,
-        16,
-        2e9,
-        "assumed 2 ms per file (create + write + close: 2-3 metadata round trips of ~0.5-1 ms "
-        "on a datacenter network; mdtest file-create rates of a few thousand/s per client are "
-        "the usual published order for Lustre and NFS), 16 fs-tier write threads, 2 GB/s "
-        "per client",
-    ),
-    FsModel(
-        "object store via FUSE",
-        30e-3,
-        16,
-        2e9,
-        "assumed 30 ms per file (S3-class PUT latency; AWS's S3 performance guidance "
-        "quotes 100-200 ms first-byte for small objects at the tail, tens of ms typical), "
-        "16 threads, 2 GB/s per client",
-    ),
-)
-"""Assumed shared-file-system costs (provenance from memory, not looked up: see ``source``)."""
+    groups = [
+        {
+            "group": g.index,
+            "tokens_per_chunk": g.tokens_per_chunk,
+            "used_bytes": int(V.group_kv_bytes_per_block(worker.kv_cache_groups[g.index]))
+            * copies
+            * blocks,
+            "files_written_per_million": g.files_written_per_million,
+            "files_read_per_million": g.files_read_per_million,
+        }
+        for g in t.groups
+    ]
+    return {
+        "knob": f"{knob}={value}",
+        "blocks_per_chunk": blocks,
+        "file_bytes": file_bytes,
+        "groups": groups,
+        "files_written_per_million": t.files_written_per_million,
+        "files_read_per_million": t.files_read_per_million,
+        "recomputed_per_million": t.recomputed_per_million,
+        "modelled": {
+            d.fs_model: {
+                "gbps": modelled(m, file_bytes).bytes_per_s / 1e9,
+                "bound": d.write_bound,
+                "write_seconds_per_million": d.write_seconds_per_million,
+                "read_seconds_per_million": d.read_seconds_per_million,
+            }
+            for m, d in zip(FS_MODELS, t.disk, strict=True)
+        },
+    }

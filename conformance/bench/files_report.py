@@ -1,6 +1,7 @@
 """The file-economics section of ``reports/bench.md`` and ``reports/file-economics.png``.
 
-Rows of kind ``files`` (:mod:`conformance.bench.test_bench_files`: the model) joined
+Rows of kind ``files`` (:mod:`conformance.bench.test_bench_files`: the workload served
+by :mod:`reference.economics`, as ``python -m vllm_adapter config`` prints it) joined
 with rows of kind ``disk`` (:mod:`conformance.bench.test_bench_disk`: measured
 fs-tier files/s and GB/s on this machine's disk) by geometry and ``blocks_per_chunk``.
 """
@@ -33,6 +34,11 @@ def _measured(rows: list[dict[str, Any]], geometry: str, blocks: int, direction:
     return "-"
 
 
+def _disk_cell(m: dict[str, Any]) -> str:
+    seconds = m["write_seconds_per_million"] + m["read_seconds_per_million"]
+    return f"{seconds:.2f} ({m['bound']})"
+
+
 def _mib(n: float) -> str:
     return f"{n / 2**20:.2f}"
 
@@ -48,10 +54,12 @@ def files_markdown(rows: list[dict[str, Any]]) -> str:
         "B",
         "tokens/chunk per group",
         "file MiB (group MiB used)",
-        "files / 1M tokens",
+        "files written / 1M",
+        "files read / 1M",
+        "recomputed / 1M",
         "measured write",
         "measured read",
-        *(f"{m.name}: GB/s (bound)" for m in FS_MODELS),
+        *(f"{m.name}: write+read s/1M (bound)" for m in FS_MODELS),
     ]
     body = []
     for g in GEOMETRIES:
@@ -65,27 +73,28 @@ def files_markdown(rows: list[dict[str, Any]]) -> str:
                     b,
                     "/".join(str(x["tokens_per_chunk"]) for x in r["groups"]),
                     f"{_mib(r['file_bytes'])} ({used})",
-                    f"{r['files_per_million_tokens']:.0f}",
+                    f"{r['files_written_per_million']:.0f}",
+                    f"{r['files_read_per_million']:.0f}",
+                    f"{r['recomputed_per_million']:.0f}",
                     _measured(rows, g, b, "write"),
                     _measured(rows, g, b, "read"),
-                    *(
-                        f"{r['modelled'][m.name]['gbps']:.2f} ({r['modelled'][m.name]['bound']})"
-                        for m in FS_MODELS
-                    ),
+                    *(_disk_cell(r["modelled"][m.name]) for m in FS_MODELS),
                 ]
             )
     out = [
         "### File economics: vLLM fs tier, one file per chunk per group",
         "",
-        f"Workload: {w.conversations} conversations x {w.turns} turns x {w.tokens_per_turn} "
-        f"tokens per turn behind one shared {w.system_tokens}-token system prompt "
-        f"({w.tokens} distinct tokens); full chunks stored, the system prompt once; windowed "
-        "groups counted like full ones (upper bound). Files are CPU-tier chunk rows (all rank "
-        "copies, page-aligned), the same size for every group; 'used' is what each group's "
-        "layers fill. Measured: vLLM's `batch_store_block` / `batch_load_block` on its "
-        "16+16-thread pool writing real files of that size on this machine's disk (the disk "
-        "benchmark, same B; '-' where B was not measured). Model: seconds per file = "
-        "max(latency / threads, bytes / bandwidth); IOPS-bound while the latency term wins.",
+        f"Workload: the `{w.name}` preset ({w.describe()}), served through the reference "
+        "Planner under the installed release's rules by `reference.economics` (what "
+        "`python -m vllm_adapter config` prints): files written and read (a load counts as a "
+        "file read) and tokens recomputed because of the chunk granularity, per million "
+        "prompt tokens. Files are CPU-tier chunk rows (all rank copies, page-aligned), the "
+        "same size for every group; 'used' is what each group's layers fill. Measured: "
+        "vLLM's `batch_store_block` / `batch_load_block` on its 16+16-thread pool writing "
+        "real files of that size on this machine's disk (the disk benchmark, same B; '-' "
+        "where B was not measured). Model (`vllm_adapter/disk_model.py`): seconds per file = "
+        "max(latency / threads, bytes / bandwidth), times the files written and read; the "
+        "bound is the writes'; IOPS-bound while the latency term wins.",
         "",
         *(
             f"* {m.name}: {m.source}; crossover file size {m.crossover_bytes / 1e6:.2f} MB."
@@ -116,8 +125,10 @@ def plot_files(rows: list[dict[str, Any]], path: Path) -> bool:
             (r for r in files if r["geometry"] == g), key=lambda r: r["blocks_per_chunk"]
         )
         mib = [r["file_bytes"] / 2**20 for r in mine]
-        left.plot(mib, [r["files_per_million_tokens"] for r in mine], "o-", label=GEOMETRIES[g])
-        for m, style in zip(FS_MODELS, ("o-", "s--"), strict=False):
+        written = [r["files_written_per_million"] for r in mine]
+        left.plot(mib, [f if f > 0 else float("nan") for f in written], "o-",
+                  label=f"{GEOMETRIES[g]} ({WORKLOAD.name})")
+        for m, style in zip(FS_MODELS, ("o-", "s--", "^:"), strict=False):
             gbps = [r["modelled"][m.name]["gbps"] for r in mine]
             right.plot(mib, gbps, style, label=f"{GEOMETRIES[g]}, {m.name}")
     for ax in (left, right):
@@ -126,10 +137,10 @@ def plot_files(rows: list[dict[str, Any]], path: Path) -> bool:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     left.set_yscale("log")
-    left.set_ylabel("files per million tokens")
-    left.set_title("Files per million tokens (all groups)")
-    right.set_ylabel("modelled GB/s per client")
-    right.set_title("Shared-FS model: IOPS-bound left of the knee")
+    left.set_ylabel("files written per million prompt tokens")
+    left.set_title(f"Files written per million prompt tokens ({WORKLOAD.name} preset, all groups)")
+    right.set_ylabel("modelled write GB/s per client")
+    right.set_title("Disk models: IOPS-bound left of the knee")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -167,6 +167,39 @@ def _suite(rows: list[Row]) -> list[str]:
     )
 
 
+def _sweep(rows: list[Row]) -> list[str]:
+    """``config --sweep`` time per geometry against its 10-s budget (not by B: one figure)."""
+    sweep = [r for r in rows if r["kind"] == "sweep"]
+    if not sweep:
+        return []
+    target = _target_for("sweep")
+    body = []
+    for r in sweep:
+        low, high = r["ratio_ci"]
+        verdict = target.verdict(r) if target is not None and target.applies(r) else "-"
+        body.append([
+            r["label"],
+            f"{r['knob']} {', '.join(str(p) for p in r['points'])}",
+            ", ".join(f"{s:.2f}" for s in r["seconds"]),
+            f"{r['median_s']:.2f}",
+            f"{r['ratio']:.2f} [{low:.2f}, {high:.2f}]",
+            verdict if verdict == "met" else f"**{verdict}**",
+        ])
+    table = render_table(
+        ("geometry", "swept", "seconds per round", "median s", "time / 10 s", "verdict"), body
+    )
+    return [
+        "### Sweep: `python -m vllm_adapter config --sweep` after vLLM's planning",
+        "",
+        f"Target <= 10 s (time / budget <= 1.0). Workload: the `{sweep[0]['workload']}` preset "
+        "(~1M prompt tokens) served by `reference.economics` at every knob value; a fresh "
+        "run per round.",
+        "",
+        *table.splitlines(),
+        "",
+    ]
+
+
 def _gpu(rows: list[Row], env: dict[str, Any]) -> list[str]:
     gpu = [r for r in rows if r["kind"] == "gpu"]
     if not gpu:
@@ -223,6 +256,7 @@ def markdown(
         *_oracle(rows),
         *_disk(rows),
         *_suite(rows),
+        *_sweep(rows),
         *_gpu(rows, env),
         *_targets(checks, misses, unsure),
     ]

@@ -6,9 +6,11 @@
         [--block-size T | --blocks-per-chunk B | --chunk-bytes X] [--cpu-bytes Y] \\
         [--block-size-gpu N] [--kv-cache-dtype D] [--no-hybrid] [--prefix-match-unit N] \\
         [--mamba-cache-mode align|none] [--max-model-len N] \\
-        [--prefix-cache-retention-interval N] [--format table|json|markdown] \\
+        [--prefix-cache-retention-interval N|None] [--format table|json|markdown] \\
         [--spec-name CPUOffloadingSpec|TieringOffloadingSpec --fs-path DIR \\
-         [--fs-read-threads N] [--fs-write-threads N]]
+         [--fs-read-threads N] [--fs-write-threads N]] \\
+        [--workload PRESET|FILE] [--decode-storing] [--fs-model local|nfs|object-store] \\
+        [--sweep [--plot PATH]]
 
 What it does:
 
@@ -54,8 +56,25 @@ What it does:
    plus ``n_read_threads`` / ``n_write_threads`` when given -- the
    ``FileSystemTierManager`` parameters of 0.33.0 and 0.34.0) writes one file
    per chunk per group, each one CPU slot: the output states the file size and
-   the files per million tokens (``1e6 / tokens_per_chunk`` per group), for
-   either spec.
+   the files per million tokens if every token were stored once
+   (``1e6 / tokens_per_chunk`` per group), for either spec.
+5. **Workload** (:mod:`.economics`).  ``--workload`` (a preset of
+   :data:`reference.workload.PRESETS`, default ``chat``: :data:`.args.DEFAULT_WORKLOAD`
+   says why; or a TOML file) is served through the reference Planner under the
+   installed release's rules (:mod:`vllm_adapter.releases`) with the engine's
+   retention (``--prefix-cache-retention-interval N|None``) and
+   ``offload_prompt_only`` (``--decode-storing`` sets it false) by
+   :func:`reference.economics.economics`: per group, files and bytes written and
+   read per million prompt tokens; tokens recomputed (partial tail, lost chunks);
+   modelled disk seconds per million prompt tokens under each disk model of
+   :mod:`vllm_adapter.disk_model` (``--fs-model`` picks one), IOPS- or
+   bandwidth-bound.  Also what a per-group ``blocks_per_chunk`` map (every group
+   the full-attention tokens per chunk, resolved by the reference; vLLM refuses
+   it) would give on the same workload.  ``--sweep`` prints the same across 8
+   knob values (``--block-size``: powers of two from 256; otherwise
+   ``blocks_per_chunk`` 1..128), the hit cost of each step up and, per disk
+   model, the smallest chunk no longer IOPS-bound; ``--plot PATH`` draws it
+   (matplotlib).
 
 Output: the JSON for ``--kv-transfer-config`` (``KvchunkOffloadingConnector``
 from ``vllm_adapter.connector``, ``kv_both``, ``kv_connector_extra_config``

@@ -14,10 +14,14 @@ from pydantic import ByteSize
 
 from reference.geometry import Geometry
 from reference.knobs import BLOCK_SIZE, BLOCKS_PER_CHUNK, BlockSize, BlocksPerChunk, parse_knob
+from reference.workload import PRESETS, Workload, load_workload, preset
+from vllm_adapter.disk_model import FS_MODEL_KEYS, FsModel
 from vllm_adapter.names import CPU_SPEC, KVCHUNK_CONNECTOR, TIERING_SPEC
 
 __all__ = [
     "ARCHITECTURES",
+    "DEFAULT_WORKLOAD",
+    "DENSE",
     "FORMATS",
     "PROG",
     "CliError",
@@ -39,6 +43,13 @@ ARCHITECTURES: dict[str, tuple[str, bool]] = {
 holds no KV cache, so the multimodal model is planned language-model-only."""
 
 FORMATS = ("table", "json", "markdown")
+DEFAULT_WORKLOAD = "chat"
+"""The workload when ``--workload`` is not given.  Chat is the commonest deployment and,
+of the presets, the one that writes the most files and recomputes the most tokens per
+million prompt tokens (short turns leave a partial chunk per request), so a disk sized
+by it is not sized for the easy case."""
+DENSE = "None"
+"""``--prefix-cache-retention-interval None``: dense retention (vLLM's spelling)."""
 SPEC_NAMES = (CPU_SPEC, TIERING_SPEC)
 FS_TIER = "fs"
 """vLLM's file-system secondary tier (``SecondaryTierFactory`` name, 0.33.0 and 0.34.0)."""
@@ -65,6 +76,17 @@ def _positive_int(text: str) -> int:
 def _non_negative_int(text: str) -> int:
     if not _DECIMAL.match(text):
         raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return int(text)
+
+
+def _retention(text: str) -> int | str:
+    """An integer >= 0, or ``None`` / ``none`` (dense retention, vLLM's ``None``)."""
+    if text.strip().lower() == "none":
+        return DENSE
+    if not _DECIMAL.match(text):
+        raise argparse.ArgumentTypeError(
+            f"must be an integer >= 0 or None (dense retention), got {text!r}"
+        )
     return int(text)
 
 
@@ -143,8 +165,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_spec_flags(config.add_argument_group("offloading spec"))
     _add_cache_flags(config.add_argument_group("vLLM engine cache flags"))
+    _add_economics_flags(config.add_argument_group("file economics (reference.economics)"))
     config.add_argument("--format", choices=FORMATS, default="table")
     return parser
+
+
+def _add_economics_flags(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--workload",
+        default=DEFAULT_WORKLOAD,
+        metavar="PRESET|FILE",
+        help=f"the workload served: a preset ({', '.join(PRESETS)}; default {DEFAULT_WORKLOAD}) "
+        "or a TOML file in the format of reference/workloads/*.toml",
+    )
+    group.add_argument(
+        "--decode-storing",
+        action="store_true",
+        help="store decoded tokens too (vLLM's offload_prompt_only false; default: prompt only)",
+    )
+    group.add_argument(
+        "--fs-model",
+        choices=tuple(FS_MODEL_KEYS),
+        metavar="NAME",
+        help=f"the disk model for the modelled disk time ({', '.join(FS_MODEL_KEYS)}; "
+        "default: all)",
+    )
+    group.add_argument(
+        "--sweep",
+        action="store_true",
+        help="the same figures across knob values: block sizes (powers of two from 256) with "
+        "--block-size, else blocks_per_chunk 1..128",
+    )
+    group.add_argument(
+        "--plot", metavar="PATH", help="with --sweep: write a PNG of the sweep (needs matplotlib)"
+    )
 
 
 def _add_spec_flags(spec: argparse._ArgumentGroup) -> None:
@@ -206,9 +260,10 @@ def _add_cache_flags(cache: argparse._ArgumentGroup) -> None:
     cache.add_argument("--max-model-len", type=_positive_int, metavar="N")
     cache.add_argument(
         "--prefix-cache-retention-interval",
-        type=_non_negative_int,
-        metavar="N",
-        help="vLLM's cache flag (default 0); windowed groups' chunk spans must divide it",
+        type=_retention,
+        metavar="N|None",
+        help="vLLM's cache flag (default 0: sparse; None: dense); windowed groups' chunk spans "
+        "must divide N",
     )
 
 
@@ -234,10 +289,21 @@ class Request:
     mamba_cache_mode: str | None
     max_model_len: int | None
     retention_interval: int | None
+    """``None``: not given (vLLM's default), unless :attr:`dense_retention`."""
     format: str
     spec_name: str = CPU_SPEC
     fs_tier: dict[str, Any] | None = None
     """The ``secondary_tiers`` entry of the fs tier (``TieringOffloadingSpec`` only)."""
+    dense_retention: bool = False
+    """``--prefix-cache-retention-interval None``: vLLM's dense retention."""
+    workload: Workload | None = None
+    """``None``: :data:`DEFAULT_WORKLOAD`."""
+    workload_given: str = DEFAULT_WORKLOAD
+    decode_storing: bool = False
+    fs_models: tuple[FsModel, ...] = ()
+    """The disk models to print; empty: all (:data:`vllm_adapter.disk_model.FS_MODELS`)."""
+    sweep: bool = False
+    plot: Path | None = None
 
     def engine_key(self) -> tuple[Any, ...]:
         return (
@@ -269,7 +335,14 @@ class Request:
             flags.append(f"--mamba-cache-mode {self.mamba_cache_mode}")
         if self.max_model_len is not None:
             flags.append(f"--max-model-len {self.max_model_len}")
+        if self.dense_retention:
+            flags.append(f"--prefix-cache-retention-interval {DENSE}")
+        elif self.retention_interval:
+            flags.append(f"--prefix-cache-retention-interval {self.retention_interval}")
         return " ".join(flags)
+
+    def workload_or_default(self) -> Workload:
+        return self.workload if self.workload is not None else preset(DEFAULT_WORKLOAD)
 
 
 def _architecture(model_dir: Path) -> str:
@@ -335,6 +408,22 @@ def _knob_extra(args: argparse.Namespace) -> dict[str, int]:
     return {}
 
 
+def _workload(text: str) -> Workload:
+    """A preset name or a workload TOML file; a malformed file is one line naming the field."""
+    name = str(text).strip()
+    if name in PRESETS:
+        return preset(name)
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise CliError(
+            f"--workload {text}: neither a preset ({', '.join(PRESETS)}) nor an existing file"
+        )
+    try:
+        return load_workload(path)
+    except ValueError as e:
+        raise CliError(f"--workload: {e}") from None
+
+
 def validate(args: argparse.Namespace) -> Request:
     """Everything that needs no vLLM: paths, numbers, knob exclusivity, the architecture."""
     model_dir = Path(args.model).expanduser()
@@ -347,6 +436,13 @@ def validate(args: argparse.Namespace) -> Request:
     fs_tier = _fs_tier(args)
     arch = _architecture(model_dir)
     source, language_model_only = ARCHITECTURES[arch]
+    workload = _workload(args.workload)
+    if args.plot is not None and not args.sweep:
+        raise CliError("--plot needs --sweep (it draws the sweep)")
+    if args.sweep and args.chunk_bytes is not None:
+        raise CliError("--sweep sweeps --block-size or --blocks-per-chunk, not --chunk-bytes")
+    retention = args.prefix_cache_retention_interval
+    dense = retention == DENSE
     dtype = str(args.kv_cache_dtype).strip()
     if not dtype or not re.fullmatch(r"[A-Za-z0-9_]+", dtype):
         raise CliError(f"argument --kv-cache-dtype: not a KV-cache dtype name: {dtype!r}")
@@ -366,8 +462,15 @@ def validate(args: argparse.Namespace) -> Request:
         prefix_match_unit=args.prefix_match_unit,
         mamba_cache_mode=args.mamba_cache_mode,
         max_model_len=args.max_model_len,
-        retention_interval=args.prefix_cache_retention_interval,
+        retention_interval=None if dense else retention,
         format=args.format,
         spec_name=args.spec_name,
         fs_tier=fs_tier,
+        dense_retention=dense,
+        workload=workload,
+        workload_given=str(args.workload),
+        decode_storing=bool(args.decode_storing),
+        fs_models=(FS_MODEL_KEYS[args.fs_model],) if args.fs_model else (),
+        sweep=bool(args.sweep),
+        plot=Path(args.plot).expanduser() if args.plot is not None else None,
     )

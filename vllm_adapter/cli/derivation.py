@@ -123,9 +123,12 @@ def _derive_uncached(request: Request, debug: bool) -> Any:
     return derivation
 
 
-def with_retention(vllm_config: Any, retention: int | None) -> Any:
-    """A shallow copy whose cache config has ``prefix_cache_retention_interval`` set."""
-    if retention is None:
+def with_retention(vllm_config: Any, retention: int | None, dense: bool = False) -> Any:
+    """A shallow copy whose cache config has ``prefix_cache_retention_interval`` set
+    (``dense``: ``None``, vLLM's dense retention; ``retention`` ``None``: unchanged)."""
+    if dense:
+        retention = None
+    elif retention is None:
         return vllm_config
     out = copy.copy(vllm_config)
     out.cache_config = copy.copy(vllm_config.cache_config)

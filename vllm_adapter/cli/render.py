@@ -7,8 +7,8 @@ from pathlib import Path
 
 from pydantic import ByteSize
 
-from vllm_adapter.cli.result import GroupRow, Sizing
-from vllm_adapter.render import Align, render_table
+from vllm_adapter.cli.result import GroupRow, PerGroupMap, Sizing, Sweep, Traffic
+from vllm_adapter.render import Align, TableFormat, render_table
 
 __all__ = ["COLUMNS", "render", "render_markdown", "render_text"]
 
@@ -124,13 +124,9 @@ def _files_text(sizing: Sizing) -> str:
 def _summary_lines(sizing: Sizing) -> list[tuple[str, str]]:
     model, engine, vllm = sizing.model, sizing.engine, sizing.vllm
     lm = ", language model only" if model.language_model_only else ""
-    retention = engine.prefix_cache_retention_interval
     return [
         ("model", f"{model.given} ({model.architecture}{lm})"),
-        (
-            "engine",
-            engine.flags + (f" --prefix-cache-retention-interval {retention}" if retention else ""),
-        ),
+        ("engine", engine.flags),
         (
             "vLLM",
             f"{vllm.version} KV planning on CPU: {_groups(vllm.num_kv_cache_groups)} "
@@ -141,8 +137,199 @@ def _summary_lines(sizing: Sizing) -> list[tuple[str, str]]:
         ("knob", _knob_text(sizing)),
         ("CPU tier", _cpu_text(sizing)),
         ("files", _files_text(sizing)),
+        *_economics_lines(sizing),
         *(("note", note) for note in sizing.notes),
     ]
+
+
+def _n(x: float) -> str:
+    """A per-million figure: whole numbers with thousands separators (``12,345``)."""
+    return f"{x:,.0f}"
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:,.2f} GB"
+
+
+def _seconds(x: float) -> str:
+    return f"{x:,.1f}" if x >= 10 else f"{x:,.2f}"
+
+
+def _knob_of(knob: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in knob.items())
+
+
+def _policy_text(sizing: Sizing) -> str:
+    p = sizing.policy
+    retention = p.prefix_cache_retention_interval
+    kept = (
+        "dense retention" if retention is None
+        else "retention 0 (sparse)" if retention == 0
+        else f"retention every {retention} tokens"
+    )
+    known = "" if p.release_known else " (no row for this release: the newest rules assumed)"
+    stored = "prompt tokens stored" if p.offload_prompt_only else "prompt and decoded tokens stored"
+    return f"vLLM {p.vllm_release} rules{known}; {kept}; {stored}"
+
+
+def _traffic_text(t: Traffic) -> str:
+    return (
+        f"written {_n(t.files_written_per_million)} files ({_gb(t.bytes_written_per_million)}), "
+        f"read {_n(t.files_read_per_million)} files ({_gb(t.bytes_read_per_million)}); "
+        f"recomputed {_n(t.recomputed_per_million)} tokens (partial tail "
+        f"{_n(t.recomputed_tail_per_million)}, lost chunks {_n(t.recomputed_lost_per_million)}) "
+        f"of {_n(t.ideal_hit_per_million)} an ideal cache serves"
+    )
+
+
+def _map_text(sizing: Sizing) -> str:
+    m: PerGroupMap = sizing.per_group_map
+    if not m.valid or m.traffic is None:
+        return f"not valid here: {m.reason}"
+    one = sizing.traffic
+    return (
+        f"every group {m.tokens_per_chunk} tokens/chunk, blocks_per_chunk "
+        f"{json.dumps({str(k): v for k, v in m.blocks_per_chunk.items()})}, each group's own "
+        f"bytes per file: {_traffic_text(m.traffic)}; vs one B: files written "
+        f"{_n(one.files_written_per_million)} -> {_n(m.traffic.files_written_per_million)}, "
+        f"bytes written {_gb(one.bytes_written_per_million)} -> "
+        f"{_gb(m.traffic.bytes_written_per_million)}, recomputed "
+        f"{_n(one.recomputed_per_million)} -> {_n(m.traffic.recomputed_per_million)} "
+        "(reference only: vLLM executes one blocks_per_chunk)"
+    )
+
+
+def _economics_lines(sizing: Sizing) -> list[tuple[str, str]]:
+    w = sizing.workload
+    return [
+        ("workload", f"{w.shape}; {w.requests} requests, {w.prompt_tokens} prompt tokens"),
+        ("rules", _policy_text(sizing)),
+        ("per 1M", "prompt tokens: " + _traffic_text(sizing.traffic)),
+        ("per-group", _map_text(sizing)),
+    ]
+
+
+TRAFFIC_COLUMNS = (
+    "group", "tokens/chunk", "file bytes", "files written/1M", "files read/1M",
+    "bytes written/1M", "bytes read/1M",
+)
+
+
+def _traffic_rows(t: Traffic) -> list[list[str]]:
+    return [
+        [
+            str(g.index),
+            str(g.tokens_per_chunk),
+            f"{g.file_bytes} ({human_bytes(g.file_bytes)})",
+            _n(g.files_written_per_million),
+            _n(g.files_read_per_million),
+            _gb(g.bytes_written_per_million),
+            _gb(g.bytes_read_per_million),
+        ]
+        for g in t.groups
+    ]
+
+
+DISK_COLUMNS = ("fs model", "latency/file", "threads", "GB/s (w/r)", "write s/1M", "read s/1M")
+
+
+def _disk_rows(sizing: Sizing, t: Traffic) -> list[list[str]]:
+    models = {m.name: m for m in sizing.fs_models}
+    rows = []
+    for d in t.disk:
+        m = models[d.fs_model]
+        lat = f"{m.file_latency_s * 1e3:g} ms"
+        if m.read_file_latency_s != m.file_latency_s:
+            lat = f"{m.file_latency_s * 1e3:.1f}/{m.read_file_latency_s * 1e3:.1f} ms"
+        rows.append([
+            d.fs_model, lat, str(m.concurrency),
+            f"{m.bandwidth_bps / 1e9:.2f}/{m.read_bandwidth_bps / 1e9:.2f}",
+            f"{_seconds(d.write_seconds_per_million)} ({d.write_bound})",
+            f"{_seconds(d.read_seconds_per_million)} ({d.read_bound})",
+        ])
+    return rows
+
+
+def _sweep_columns(sizing: Sizing, sweep: Sweep) -> tuple[str, ...]:
+    return (
+        "knob", "B", "file size", "files written/1M", "files read/1M", "GB written/1M",
+        "recomputed/1M", "+recomputed",
+        *(f"{m.name}: write+read s/1M" for m in sizing.fs_models),
+    )
+
+
+def _sweep_rows(sweep: Sweep) -> list[list[str]]:
+    rows = []
+    for p in sweep.points:
+        t = p.traffic
+        added = p.recomputed_added_per_million
+        rows.append([
+            _knob_of(p.knob), str(p.blocks_per_chunk), human_bytes(p.file_bytes),
+            _n(t.files_written_per_million), _n(t.files_read_per_million),
+            f"{t.bytes_written_per_million / 1e9:,.2f}", _n(t.recomputed_per_million),
+            "-" if added is None else f"{added:+,.0f}",
+            *(
+                f"{_seconds(d.write_seconds_per_million + d.read_seconds_per_million)} "
+                f"({_bounds(d.write_bound, d.read_bound)})"
+                for d in t.disk
+            ),
+        ])
+    return rows
+
+
+def _bounds(write: str, read: str) -> str:
+    return write if write == read else f"{write}/{read}"
+
+
+def _knee_lines(sweep: Sweep) -> list[str]:
+    out = []
+    for k in sweep.knees:
+        if k.knob is None:
+            out.append(f"{k.fs_model}: IOPS-bound at every swept value")
+        else:
+            out.append(
+                f"{k.fs_model}: no longer IOPS-bound from {_knob_of(k.knob)} "
+                f"({human_bytes(k.file_bytes)} files)"
+            )
+    return out
+
+
+def _sweep_text(sizing: Sizing, sweep: Sweep, fmt: TableFormat) -> list[str]:
+    out = [
+        f"sweep of {sweep.knob_name} (workload {sizing.workload.name}; per million prompt "
+        "tokens; +recomputed: the hit cost of each step up):",
+        "",
+        render_table(_sweep_columns(sizing, sweep), _sweep_rows(sweep), fmt),
+        "",
+        *(("* " if fmt == "markdown" else "") + line for line in _knee_lines(sweep)),
+    ]
+    if sweep.skipped:
+        out.append(("* " if fmt == "markdown" else "") + f"skipped: {'; '.join(sweep.skipped)}")
+    if sweep.plot:
+        out.append(("* " if fmt == "markdown" else "") + f"plot: {sweep.plot}")
+    return out
+
+
+def _economics_tables(sizing: Sizing, fmt: TableFormat) -> list[str]:
+    t = sizing.traffic
+    bullet = "* " if fmt == "markdown" else ""
+    out = [
+        "",
+        f"per million prompt tokens of workload {sizing.workload.name} (reference.economics; "
+        "a load counts as a file read):",
+        "",
+        render_table(TRAFFIC_COLUMNS, _traffic_rows(t), fmt, align=(_RIGHT,) * len(TRAFFIC_COLUMNS)),
+        "",
+        "modelled disk time per million prompt tokens (files x max(latency / threads, "
+        "file bytes / bandwidth)):",
+        "",
+        render_table(DISK_COLUMNS, _disk_rows(sizing, t), fmt),
+        "",
+        *(f"{bullet}{m.name}: {m.source}" for m in sizing.fs_models),
+    ]
+    if sizing.sweep is not None:
+        out += ["", *_sweep_text(sizing, sizing.sweep, fmt)]
+    return out
 
 
 def _config_json(sizing: Sizing) -> str:
@@ -152,6 +339,7 @@ def _config_json(sizing: Sizing) -> str:
 def render_text(sizing: Sizing) -> str:
     out = [f"{label:<9} {text}" for label, text in _summary_lines(sizing)]
     out += ["", render_table(COLUMNS, _rows(sizing), "text", align=_ALIGN)]
+    out += _economics_tables(sizing, "text")
     out += ["", "--kv-transfer-config:", _config_json(sizing)]
     return "\n".join(out) + "\n"
 
@@ -161,6 +349,7 @@ def render_markdown(sizing: Sizing) -> str:
     out = [f"### kvchunk config: {Path(model.dir).name}, TP {model.tensor_parallel_size}", ""]
     out += [f"* **{label}**: {text}" for label, text in _summary_lines(sizing)]
     out += ["", render_table(COLUMNS, _rows(sizing), "markdown")]
+    out += _economics_tables(sizing, "markdown")
     out += ["", "`--kv-transfer-config`:", "", "```json", _config_json(sizing), "```"]
     return "\n".join(out) + "\n"
 

@@ -10,15 +10,25 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = [
+    "BandwidthKnee",
     "CpuTier",
+    "DiskTimeRow",
     "EngineInfo",
     "FileEconomics",
+    "FsModelInfo",
     "GroupRow",
+    "GroupTraffic",
     "KnobInfo",
     "KvTransferConfig",
     "ModelInfo",
+    "PerGroupMap",
+    "PolicyInfo",
     "Sizing",
+    "Sweep",
+    "SweepPoint",
+    "Traffic",
     "VllmInfo",
+    "WorkloadInfo",
 ]
 
 
@@ -59,7 +69,8 @@ class EngineInfo:
     prefix_match_unit: int | None
     mamba_cache_mode: str | None
     max_model_len: int | None
-    prefix_cache_retention_interval: int
+    prefix_cache_retention_interval: int | None
+    """``None``: dense retention (vLLM's ``--prefix-cache-retention-interval None``)."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +131,8 @@ class GroupRow:
     chunk_bytes_per_worker: int
     chunks_per_gib: float | None
     files_per_million_tokens: float
-    """``1e6 / tokens_per_chunk``: the fs tier writes one file per chunk of this group."""
+    """``1e6 / tokens_per_chunk``: one file per chunk of this group, every token stored
+    once (no reuse, no partial tails); the workload's figures are :attr:`Sizing.traffic`."""
 
 
 @dataclass(frozen=True)
@@ -133,9 +145,163 @@ class FileEconomics:
 
     file_bytes: int
     files_per_million_tokens: float
-    """Summed over the offloaded groups."""
+    """Summed over the offloaded groups (``1e6 / tokens_per_chunk`` each: every token
+    stored once; :attr:`Sizing.traffic` has what a workload writes and reads)."""
     fs_tier: dict[str, Any] | None
     """The configured fs tier (``secondary_tiers`` entry), ``None`` with the CPU spec."""
+
+
+@dataclass(frozen=True)
+class WorkloadInfo:
+    """The workload served (:mod:`reference.workload`): a preset or a TOML file."""
+
+    given: str
+    """``--workload`` as given (a preset name or a path)."""
+    name: str
+    description: str
+    shape: str
+    """:meth:`reference.workload.Workload.describe`: the shape in numbers."""
+    source: str
+    """Where the workload's numbers come from."""
+    requests: int
+    prompt_tokens: int
+    """The denominator of every per-million figure: the requests' prompt tokens summed."""
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    """The engine rules the workload is served under (vLLM's, for the installed release)."""
+
+    vllm_release: str
+    release_known: bool
+    """False: a release with no row in :data:`vllm_adapter.releases.RELEASES` (newest assumed)."""
+    prefix_cache_retention_interval: int | None
+    """0 sparse (vLLM's default), ``None`` dense, N > 0 every N tokens."""
+    offload_prompt_only: bool
+    """vLLM's ``offload_prompt_only`` (default true); ``--decode-storing`` sets it false."""
+    offload_junctions: bool
+
+
+@dataclass(frozen=True)
+class FsModelInfo:
+    """A file-tier model (:mod:`vllm_adapter.disk_model`)."""
+
+    name: str
+    file_latency_s: float
+    read_file_latency_s: float
+    concurrency: int
+    bandwidth_bps: float
+    read_bandwidth_bps: float
+    crossover_bytes: float
+    """Write file size above which the model is bandwidth-bound."""
+    source: str
+
+
+@dataclass(frozen=True)
+class GroupTraffic:
+    """One group's files and bytes per million prompt tokens."""
+
+    index: int
+    tokens_per_chunk: int
+    file_bytes: int
+    files_written_per_million: float
+    files_read_per_million: float
+    bytes_written_per_million: float
+    bytes_read_per_million: float
+
+
+@dataclass(frozen=True)
+class DiskTimeRow:
+    """Seconds of file-tier work per million prompt tokens under one fs model."""
+
+    fs_model: str
+    write_seconds_per_million: float
+    write_bound: str
+    """``IOPS``, ``bandwidth``, ``mixed`` (groups differ) or ``-`` (nothing written)."""
+    read_seconds_per_million: float
+    read_bound: str
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What the workload writes to and reads from the offload tier under one chunking.
+
+    Computed by :func:`reference.economics.economics` (the reference Planner serving
+    the workload's requests); loads are counted as file reads (the CPU tier assumed
+    not to hold the chunk: the disk's worst case).  Per million prompt tokens.
+    """
+
+    groups: tuple[GroupTraffic, ...]
+    files_written_per_million: float
+    files_read_per_million: float
+    bytes_written_per_million: float
+    bytes_read_per_million: float
+    ideal_hit_per_million: float
+    """Tokens an ideal cache would serve (the longest prefix seen before)."""
+    gpu_hit_per_million: float
+    offload_hit_per_million: float
+    recomputed_tail_per_million: float
+    """Past the last full-attention chunk end of the ideal prefix (a partial chunk)."""
+    recomputed_lost_per_million: float
+    """Whole chunks a request could not use (unaligned GPU hits, windows not kept, ...)."""
+    recomputed_per_million: float
+    disk: tuple[DiskTimeRow, ...]
+
+
+@dataclass(frozen=True)
+class PerGroupMap:
+    """A per-group ``blocks_per_chunk`` map (every group the full-attention groups'
+    tokens per chunk) on the same workload: what per-group chunking would give.
+
+    Reference-only: vLLM executes one ``blocks_per_chunk`` for every group and the
+    connector rejects such maps.  Each group's file is its own bytes per chunk x copies
+    (page-aligned), not a whole CPU-tier slot.
+    """
+
+    tokens_per_chunk: int | None
+    blocks_per_chunk: dict[int, int]
+    """Group index -> B_g (empty when no valid map exists)."""
+    valid: bool
+    reason: str | None
+    """Why no valid map exists (``valid`` False)."""
+    traffic: Traffic | None
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One knob value of a sweep."""
+
+    knob: dict[str, int]
+    blocks_per_chunk: int
+    alignment_tokens: int | None
+    file_bytes: int
+    traffic: Traffic
+    recomputed_added_per_million: float | None
+    """Recomputed tokens per million added by this step up from the previous point
+    (``None`` for the first): the hit cost of the larger chunk."""
+
+
+@dataclass(frozen=True)
+class BandwidthKnee:
+    """The smallest swept chunk at which a fs model is no longer IOPS-bound."""
+
+    fs_model: str
+    knob: dict[str, int] | None
+    """``None``: IOPS-bound at every swept value."""
+    file_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The same figures across knob values (``--sweep``)."""
+
+    knob_name: str
+    points: tuple[SweepPoint, ...]
+    skipped: tuple[str, ...]
+    """Values not valid here, each with the reason."""
+    knees: tuple[BandwidthKnee, ...]
+    plot: str | None
+    """The PNG written (``--plot``), else ``None``."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +317,14 @@ class Sizing:
     groups: tuple[GroupRow, ...]
     files: FileEconomics
     notes: tuple[str, ...]
+    workload: WorkloadInfo
+    policy: PolicyInfo
+    fs_models: tuple[FsModelInfo, ...]
+    """The fs models the disk times use (``--fs-model``: one; default all)."""
+    traffic: Traffic
+    """The chosen knob's files, bytes, recomputed tokens and disk time on the workload."""
+    per_group_map: PerGroupMap
+    sweep: Sweep | None
 
     def to_json(self) -> dict[str, Any]:
         """The ``--format json`` document (tuples become JSON arrays)."""

@@ -6,12 +6,23 @@ document ``--format json`` prints.  vLLM's planning: :mod:`.derivation`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from reference.knobs import BLOCK_SIZE, BLOCKS_PER_CHUNK, Chunking
+from reference.plan import Policy
+from reference.workload import Workload
 from vllm_adapter.cli.args import CliError, Request
 from vllm_adapter.cli.derivation import derive, with_retention
+from vllm_adapter.cli.economics import (
+    SweepInput,
+    fs_model_info,
+    per_group_map,
+    plot_sweep,
+    serve,
+    sweep,
+    traffic,
+)
 from vllm_adapter.cli.result import (
     CpuTier,
     EngineInfo,
@@ -20,20 +31,38 @@ from vllm_adapter.cli.result import (
     KnobInfo,
     KvTransferConfig,
     ModelInfo,
+    PolicyInfo,
     Sizing,
+    Sweep,
     VllmInfo,
+    WorkloadInfo,
 )
+from vllm_adapter.disk_model import FS_MODELS, FsModel
 from vllm_adapter.names import CPU_SPEC, KVCHUNK_CONNECTOR, KVCHUNK_CONNECTOR_MODULE
 
 MILLION = 10**6
 """Tokens per the files-per-million-tokens column (an int: ``int / int`` never overflows
 a float the way ``1e6 / n`` does for a huge ``n``)."""
 
-__all__ = ["GiB", "plan"]
+__all__ = [
+    "SWEEP_POINTS",
+    "GiB",
+    "PlannedEngine",
+    "plan",
+    "release_policy",
+    "run_sweep",
+    "sweep_inputs",
+    "sweep_values",
+]
 
 GiB = 1 << 30
 MAX_CHUNK_BYTES_SEARCH = 4096
 """How far past the first B reaching ``--chunk-bytes`` the search for a valid B goes."""
+SWEEP_POINTS = 8
+"""Knob values a ``--sweep`` shows."""
+SWEEP_FIRST_BLOCK_SIZE = 256
+SWEEP_LAST_EXPONENT = 24
+"""The largest power of two a ``--block-size`` sweep tries (2**24 tokens)."""
 
 
 # ---------------------------------------------------------------------------
@@ -42,7 +71,7 @@ MAX_CHUNK_BYTES_SEARCH = 4096
 
 
 @dataclass(frozen=True)
-class _Engine:
+class PlannedEngine:
     """The planned engine: resolve a knob, build vLLM's offloading config for it."""
 
     vllm_config: Any
@@ -86,7 +115,7 @@ class _Knob:
     given: dict[str, int]
 
 
-def _chunk_bytes_knob(engine: _Engine, chunk_bytes: int, notes: list[str]) -> _Knob:
+def _chunk_bytes_knob(engine: PlannedEngine, chunk_bytes: int, notes: list[str]) -> _Knob:
     """The smallest ``blocks_per_chunk`` whose chunk bytes per worker reach ``chunk_bytes``."""
     _, base_extra = engine.resolve_or_fail({BLOCKS_PER_CHUNK: 1}, "--chunk-bytes")
     bytes_per_block = int(engine.offloading_config(base_extra).worker_kv_bytes_per_block)
@@ -113,7 +142,7 @@ def _chunk_bytes_knob(engine: _Engine, chunk_bytes: int, notes: list[str]) -> _K
     return _Knob(chunking, vllm_extra, {BLOCKS_PER_CHUNK: blocks}, {"chunk_bytes": chunk_bytes})
 
 
-def _knob(request: Request, engine: _Engine, notes: list[str]) -> _Knob:
+def _knob(request: Request, engine: PlannedEngine, notes: list[str]) -> _Knob:
     if request.chunk_bytes is not None:
         return _chunk_bytes_knob(engine, request.chunk_bytes, notes)
     flag = "--block-size" if BLOCK_SIZE in request.knob_extra else "--blocks-per-chunk"
@@ -170,6 +199,8 @@ def _kv_transfer_config(
     from vllm_adapter import vllm_api as V
 
     extra: dict[str, Any] = {**knob_extra, "spec_name": request.spec_name}
+    if request.decode_storing:
+        extra["offload_prompt_only"] = False
     if cpu_bytes is not None:
         extra["cpu_bytes_to_use"] = cpu_bytes
     if request.fs_tier is not None:
@@ -217,6 +248,122 @@ def _group_rows(
 
 
 # ---------------------------------------------------------------------------
+# The workload: files, bytes, recomputed tokens, disk time (reference.economics)
+# ---------------------------------------------------------------------------
+
+
+def release_policy(version: str, vllm_config: Any, offload_prompt_only: bool) -> tuple[Policy, bool]:
+    """The rules ``version`` runs (:mod:`vllm_adapter.releases`) with the engine's settings
+    (:func:`vllm_adapter.geometry.policy_from`: retention, prompt-only storing, prefix
+    caching); and whether the release is known."""
+    from vllm_adapter.geometry import policy_from
+    from vllm_adapter.releases import rules_for
+
+    engine = policy_from(vllm_config, {"offload_prompt_only": offload_prompt_only})
+    rules = rules_for(version)
+    policy = replace(
+        rules.policy,
+        retention_interval=engine.retention_interval,
+        offload_prompt_only=engine.offload_prompt_only,
+        prefix_caching=engine.prefix_caching,
+    )
+    return policy, rules.known
+
+
+def slot_bytes(bytes_per_block: int, copies: int, blocks: int, alignment: int) -> int:
+    """vLLM's CPU-tier row (and fs-tier file): all copies of a chunk, page-aligned."""
+    return _round_up(bytes_per_block * copies * blocks, alignment)
+
+
+def sweep_values(knob_name: str) -> list[int]:
+    """The values a sweep tries, in order: powers of two (``block_size`` from 256)."""
+    if knob_name == BLOCK_SIZE:
+        first = SWEEP_FIRST_BLOCK_SIZE.bit_length() - 1
+        return [1 << k for k in range(first, SWEEP_LAST_EXPONENT + 1)]
+    return [1 << k for k in range(SWEEP_POINTS)]
+
+
+def sweep_inputs(
+    engine: PlannedEngine, knob_name: str, cpu_tier: CpuTier
+) -> tuple[list[SweepInput], list[str]]:
+    """:data:`SWEEP_POINTS` valid knob values (resolved as the connector will), and the
+    values skipped on the way, each with vLLM's or the reference's reason."""
+    points: list[SweepInput] = []
+    skipped: list[str] = []
+    for value in sweep_values(knob_name):
+        if len(points) == SWEEP_POINTS:
+            break
+        try:
+            chunking, vllm_extra = engine.resolve({knob_name: value})
+        except ValueError as e:
+            skipped.append(f"{knob_name}={value}: {' '.join(str(e).split())}")
+            continue
+        blocks = int(vllm_extra[BLOCKS_PER_CHUNK])
+        size = slot_bytes(
+            cpu_tier.worker_kv_bytes_per_block, cpu_tier.copies, blocks, cpu_tier.page_alignment
+        )
+        points.append(SweepInput({knob_name: value}, chunking, blocks, size))
+    return points, skipped
+
+
+def run_sweep(
+    vllm_config: Any,
+    scheduler_kv_cache_config: Any,
+    knob_name: str,
+    workload: Workload,
+    models: tuple[FsModel, ...] = FS_MODELS,
+) -> Sweep:
+    """``--sweep`` on an already planned engine (no model dir, no planning run): the
+    knob values resolved as the connector will, each served through the workload.
+    The benchmark (``conformance/bench/test_bench_sweep.py``) times this."""
+    from vllm_adapter import vllm_api as V
+
+    engine = PlannedEngine(vllm_config, scheduler_kv_cache_config, GiB)
+    _, base_extra = engine.resolve({BLOCKS_PER_CHUNK: 1})
+    world_size = int(vllm_config.parallel_config.world_size)
+    cpu = _cpu_tier(None, engine.offloading_config(base_extra), world_size, 1, CPU_SPEC)
+    policy, _ = release_policy(V.VLLM_VERSION, vllm_config, True)
+    points, skipped = sweep_inputs(engine, knob_name, cpu)
+    return sweep(knob_name, points, skipped, workload, policy, models)
+
+
+def _workload_info(request: Request, workload: Workload, served: Any) -> WorkloadInfo:
+    return WorkloadInfo(
+        given=request.workload_given,
+        name=workload.name,
+        description=workload.description,
+        shape=workload.describe(),
+        source=" ".join(workload.source.split()),
+        requests=served.requests,
+        prompt_tokens=served.prompt_tokens,
+    )
+
+
+def _sweep(
+    request: Request,
+    engine: PlannedEngine,
+    cpu_tier: CpuTier,
+    workload: Workload,
+    policy: Policy,
+    models: tuple[FsModel, ...],
+    title: str,
+) -> Sweep | None:
+    if not request.sweep:
+        return None
+    knob_name = BLOCK_SIZE if BLOCK_SIZE in request.knob_extra else BLOCKS_PER_CHUNK
+    points, skipped = sweep_inputs(engine, knob_name, cpu_tier)
+    if not points:
+        raise CliError(
+            f"--sweep: no {knob_name} value is valid here ({skipped[0] if skipped else ''})"
+        )
+    result = sweep(knob_name, points, skipped, workload, policy, models)
+    if request.plot is not None:
+        plot_sweep(result, request.plot, title)
+        result = replace(result, plot=str(request.plot))
+    return result
+
+
+# ---------------------------------------------------------------------------
 # plan
 # ---------------------------------------------------------------------------
 
@@ -231,7 +378,7 @@ def _model_info(request: Request) -> ModelInfo:
     )
 
 
-def _engine_info(request: Request, retention_interval: int) -> EngineInfo:
+def _engine_info(request: Request, retention_interval: int | None) -> EngineInfo:
     return EngineInfo(
         flags=request.engine_flags(),
         block_size=request.block_size_gpu,
@@ -250,7 +397,9 @@ def plan(request: Request, *, debug: bool = False) -> Sizing:
     from vllm_adapter import vllm_api as V
     from vllm_adapter.geometry import geometry_from_vllm
 
-    vllm_config = with_retention(derivation.vllm_config, request.retention_interval)
+    vllm_config = with_retention(
+        derivation.vllm_config, request.retention_interval, request.dense_retention
+    )
     sched_cfg = derivation.scheduler_kv_cache_config
     try:
         geometry_from_vllm(sched_cfg, vllm_config)
@@ -264,7 +413,7 @@ def plan(request: Request, *, debug: bool = False) -> Sizing:
             f"for this model ({resolved['cache_config_block_size_after_backend']} "
             "tokens); if the engine runs with --block-size N, pass --block-size-gpu N"
         )
-    engine = _Engine(
+    engine = PlannedEngine(
         vllm_config, sched_cfg, request.cpu_bytes if request.cpu_bytes is not None else GiB
     )
     knob = _knob(request, engine, notes)
@@ -277,8 +426,27 @@ def plan(request: Request, *, debug: bool = False) -> Sizing:
             f'add "cpu_bytes_to_use" (--cpu-bytes) before serving: {request.spec_name} requires it'
         )
     cache = vllm_config.cache_config
-    groups = _group_rows(knob.chunking, sched_cfg, derivation.worker_kv_cache_configs[0],
-                         cpu_tier.chunk_bytes_per_worker)
+    worker_cfg = derivation.worker_kv_cache_configs[0]
+    groups = _group_rows(knob.chunking, sched_cfg, worker_cfg, cpu_tier.chunk_bytes_per_worker)
+
+    workload = request.workload_or_default()
+    policy, release_known = release_policy(V.VLLM_VERSION, vllm_config, not request.decode_storing)
+    models = request.fs_models or FS_MODELS
+    served = serve(knob.chunking, workload, policy)
+    chosen = traffic(
+        served, {gc.group.index: cpu_tier.slot_bytes for gc in knob.chunking.groups}, models
+    )
+    group_bytes = {row.index: row.group_bytes_per_block for row in groups}
+
+    def group_file_bytes(index: int, blocks: int) -> int:
+        return slot_bytes(group_bytes[index], cpu_tier.copies, blocks, cpu_tier.page_alignment)
+
+    mapped = per_group_map(knob.chunking, group_file_bytes, workload, policy, models)
+    title = (
+        f"{request.model_dir.name} TP{request.tensor_parallel_size} ({request.engine_flags()}); "
+        f"workload {workload.name}; vLLM {V.VLLM_VERSION} rules"
+    )
+    swept = _sweep(request, engine, cpu_tier, workload, policy, models, title)
     return Sizing(
         kv_transfer_config=_kv_transfer_config(knob.knob_extra, request.cpu_bytes, request),
         model=_model_info(request),
@@ -306,4 +474,16 @@ def plan(request: Request, *, debug: bool = False) -> Sizing:
             fs_tier=request.fs_tier,
         ),
         notes=tuple(notes),
+        workload=_workload_info(request, workload, served),
+        policy=PolicyInfo(
+            vllm_release=V.VLLM_VERSION,
+            release_known=release_known,
+            prefix_cache_retention_interval=policy.retention_interval,
+            offload_prompt_only=policy.offload_prompt_only,
+            offload_junctions=policy.offload_junctions,
+        ),
+        fs_models=tuple(fs_model_info(m) for m in models),
+        traffic=chosen,
+        per_group_map=mapped,
+        sweep=swept,
     )

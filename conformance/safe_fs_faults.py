@@ -1,0 +1,181 @@
+"""Harness of the faults lane's cases against kvchunk's file tier (:mod:`vllm_adapter.safe_fs`).
+
+The same round trips as :mod:`conformance.tiered` (vLLM's tiering manager, CPU
+tier and fs-tier machinery; the reference worker), with the spec swapped for
+:class:`vllm_adapter.safe_fs.KvchunkTieringOffloadingSpec`:
+
+* :func:`kvchunk_tiering_spec`: the extra-config entries (``"fs"`` tier, which the
+  spec turns into kvchunk's);
+* :class:`ChunkProbe`: :class:`conformance.tiered.FileProbe`'s counts and fault
+  hooks, on kvchunk's ``batch_store_chunks`` / ``batch_load_chunks``;
+* :func:`serve_again`: after a round trip, reset GPU cache and CPU tier again,
+  poison the region and ask for the same prompts a third time (the files the
+  recompute rewrote must serve them);
+* :func:`damage`: the file faults (:func:`conformance.tiered.corrupt`'s, plus
+  ``extended`` and ``swapped``: another key's whole, valid file);
+* :func:`kill_mid_write`: a separate process writing chunk files, ``SIGKILL``-ed in
+  the middle of a write.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import signal
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from conformance import tiered as T
+from conformance.trace import RequestSpec
+from vllm_adapter import names
+from vllm_adapter import safe_fs as S
+
+__all__ = [
+    "FAULTS",
+    "ChunkProbe",
+    "damage",
+    "kill_mid_write",
+    "kvchunk_tiering_spec",
+    "serve_again",
+    "tier_of",
+]
+
+FAULTS = ("missing", "truncated", "flipped", "bitrot", "extended", "swapped")
+"""File faults: :func:`conformance.tiered.corrupt`'s three, one bit flipped in the middle
+of each file (the payload, never a header), a file grown by a page, and every file
+replaced by another key's (whole, valid) file."""
+
+
+def kvchunk_tiering_spec(root_dir: Path, *, threads: int = 2, **tier: Any) -> dict[str, Any]:
+    """:func:`conformance.tiered.tiering_spec` with kvchunk's spec (``tier``: extra tier keys)."""
+    spec = T.tiering_spec(root_dir, threads=threads)
+    (fs,) = spec["secondary_tiers"]
+    return {**spec, **names.KVCHUNK_TIERING_SPEC, "secondary_tiers": [{**fs, **tier}]}
+
+
+def tier_of(session: Any) -> S.KvchunkFileTierManager:
+    """The session's (only) secondary tier, which must be kvchunk's."""
+    (tier,) = session.connector_scheduler.manager.secondary_tiers
+    if not isinstance(tier, S.KvchunkFileTierManager):
+        raise TypeError(f"the session's file tier is {type(tier).__name__}, not kvchunk's")
+    return tier
+
+
+class ChunkProbe(T.FileProbe):
+    """:class:`~conformance.tiered.FileProbe` on kvchunk's tier (``before_load`` / ``store`` hooks too)."""
+
+    def install(self, monkeypatch: Any) -> ChunkProbe:
+        real_store, real_load = S.batch_store_chunks, S.batch_load_chunks
+
+        def store(paths: list[str], *args: Any, **kwargs: Any) -> None:
+            try:
+                (self.store or real_store)(paths, *args, **kwargs)
+            except OSError as exc:
+                with self._lock:
+                    self.store_failures.append(f"{type(exc).__name__}: {exc}")
+                raise
+
+        def load(paths: list[str], *args: Any, **kwargs: Any) -> None:
+            try:
+                if self.before_load is not None:
+                    self.before_load(list(paths))
+                real_load(paths, *args, **kwargs)
+            except OSError as exc:
+                done = int(getattr(exc, "num_succeeded", 0))
+                with self._lock:
+                    self.loaded.extend(paths[:done])
+                    self.load_failures.append(f"{type(exc).__name__}: {exc}")
+                raise
+            with self._lock:
+                self.loaded.extend(paths)
+
+        monkeypatch.setattr(S, "batch_store_chunks", store)
+        monkeypatch.setattr(S, "batch_load_chunks", load)
+        return self
+
+
+def prompts(prompt_len: int, seed: int = 0) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The two prompts :func:`conformance.tiered.run_round_trip` used with ``seed``."""
+    return T._prompts(random.Random(seed), prompt_len)
+
+
+def serve_again(session: Any, prompt_len: int, *, seed: int = 0, tag: str = "3") -> None:
+    """Reset GPU cache + CPU tier (draining the file writes), poison the region, ask again."""
+    T.drain_files(session)
+    T.reset_all(session)
+    T._poison_region(session)
+    for name, prompt in zip(("a", "b"), prompts(prompt_len, seed), strict=True):
+        session.add_request(RequestSpec(f"{name}{tag}", prompt, max_tokens=2))
+        T.run_until_idle(session)
+
+
+def damage(paths: Sequence[Path], how: str) -> None:
+    """:func:`conformance.tiered.corrupt`, plus ``bitrot`` (one bit of the middle byte),
+    ``extended`` (a page of zeros appended) and ``swapped`` (each file replaced by the next
+    one's bytes: whole files of other keys)."""
+    if how == "bitrot":
+        for path in paths:
+            with open(path, "r+b") as f:
+                f.seek(path.stat().st_size // 2 + 1)
+                byte = f.read(1)[0]
+                f.seek(-1, os.SEEK_CUR)
+                f.write(bytes([byte ^ 0x10]))
+    elif how == "extended":
+        for path in paths:
+            with open(path, "ab") as f:
+                f.write(bytes(4096))
+    elif how == "swapped":
+        if len(paths) < 2:
+            raise ValueError("swapping needs at least two files")
+        data = [p.read_bytes() for p in paths]
+        for path, other in zip(paths, data[1:] + data[:1], strict=True):
+            path.write_bytes(other)
+    else:
+        T.corrupt(paths, how)
+
+
+def _writer(path: str, namespace: bytes, key_id: bytes, payload_bytes: int, started: str) -> None:
+    """The killed writer (a forked child): half of the header, then it hangs until killed."""
+    real = os.writev
+
+    def half_then_hang(fd: int, buffers: Any) -> int:
+        n = real(fd, [memoryview(buffers[0])[: len(buffers[0]) // 2]])
+        Path(started).touch()
+        time.sleep(600)
+        return n
+
+    os.writev = half_then_hang  # this process only
+    payload = memoryview(bytearray(os.urandom(payload_bytes)))
+    S.store_chunk(path, payload, key_id, S.ChunkIO(namespace=namespace))
+
+
+def kill_mid_write(path: Path, namespace: bytes, key_id: bytes, payload_bytes: int) -> list[Path]:
+    """Run :func:`vllm_adapter.safe_fs.store_chunk` of ``path`` in a forked child process,
+    ``SIGKILL`` it once it has written part of the file, and return what it left beside
+    ``path`` (files whose name starts with ``path``'s)."""
+    started = path.parent / f".started-{os.getpid()}"
+    started.unlink(missing_ok=True)
+    child = multiprocessing.get_context("fork").Process(
+        target=_writer, args=(str(path), namespace, key_id, payload_bytes, str(started))
+    )
+    child.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists():
+            if not child.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the writer exited ({child.exitcode}) before writing")
+            time.sleep(0.01)
+        assert child.pid is not None
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(timeout=30)
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join()
+    started.unlink()
+    if child.exitcode != -signal.SIGKILL:
+        raise RuntimeError(f"the writer was not killed (exit code {child.exitcode})")
+    return sorted(p for p in path.parent.iterdir() if p.name.startswith(path.name))

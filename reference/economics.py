@@ -1,0 +1,476 @@
+"""File economics from the rules: what a workload writes to and reads from an offload tier.
+
+An operator sizing a disk tier asks: for this knob and this workload, how many
+files (and bytes) does the tier write and read per million tokens, and how many
+tokens does the chunk granularity cost?  :func:`economics` answers by serving
+the workload's requests (:mod:`reference.workload`) through the reference's own
+:class:`~reference.plan.Planner` -- the same store and lookup rules the plan lane
+holds vLLM to -- over an unbounded chunk index, with the calls an engine makes:
+lookup, allocate, prefill in ``max_num_batched_tokens`` steps, decode, finish.
+
+What it counts
+--------------
+* **files written** per group: chunk keys the store accepted (vLLM's file tier
+  writes one file per chunk per group, every stored chunk, once: it is
+  write-through below the CPU tier and a key already held is not stored again).
+* **files read** per group: chunk keys of every load job.  A load is counted as a
+  disk read: the CPU tier is assumed not to hold the chunk (the disk tier's
+  worst case, and what a CPU tier much smaller than the disk sees).
+* **tokens recomputed** because of chunk granularity: per request, the tokens an
+  ideal cache would serve (the longest prefix computed before, to the hash unit,
+  at most ``prompt - 1``) minus those served (GPU hit plus offload hit).  Split as
+  ``partial tail`` (past the last full-attention chunk end of that ideal prefix)
+  and ``lost chunks`` (whole chunks a request could not use: an unaligned GPU hit
+  that forfeits the chunk it overlaps, windows not kept under sparse retention,
+  output tokens not stored under prompt-only storing).
+
+Counts are per million *prompt tokens served* (the sum of the requests' prompt
+lengths): the traffic an operator knows.  Bytes are files times the file size
+the caller gives per group (vLLM: one CPU-tier row per file).
+
+What it assumes
+---------------
+* Nothing is refused: the index is unbounded (capacity effects are separate).
+* The GPU prefix cache holds what :class:`~reference.workload.GpuCache` says.
+* Junctions follow :attr:`Policy.offload_junctions`
+  (:func:`reference.rules.shared_prefix_junction`); with a hot shared prefix the
+  GPU cache pins one at the GPU hit, as vLLM's does for a shared prefix.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from reference.jobs import LoadJob
+from reference.keys import group_keys, prefix_block_hashes, split_key
+from reference.knobs import Chunking
+from reference.mathutil import cdiv, round_down
+from reference.plan import BlockRef, Planner, Policy, ScheduledRequest
+from reference.rules import (
+    first_kept_block,
+    full_attention_end,
+    hit_limit,
+    shared_prefix_junction,
+)
+from reference.store import LookupResult, StorePlan
+from reference.workload import GpuCache, Workload, WorkloadRequest, requests
+
+__all__ = [
+    "MILLION",
+    "Economics",
+    "GroupEconomics",
+    "Tally",
+    "UnboundedIndex",
+    "economics",
+    "hashed",
+    "serve",
+]
+
+MILLION = 10**6
+
+
+class UnboundedIndex:
+    """A chunk index that holds every key it is given (no slots, no eviction, no bytes)."""
+
+    def __init__(self) -> None:
+        self.held: set[bytes] = set()
+        self._pending: set[bytes] = set()
+
+    def lookup(self, key: bytes) -> LookupResult:
+        if key in self._pending:
+            return LookupResult.HIT_PENDING
+        return LookupResult.HIT if key in self.held else LookupResult.MISS
+
+    def prepare_store(self, keys: Sequence[bytes]) -> StorePlan | None:
+        new = tuple(dict.fromkeys(k for k in keys if k not in self.held and k not in self._pending))
+        self._pending.update(new)
+        return StorePlan(new, tuple(range(len(new))), ())
+
+    def prepare_load(self, keys: Sequence[bytes]) -> object:
+        return None
+
+    def complete_store(self, keys: Sequence[bytes], success: bool = True) -> None:
+        self._pending.difference_update(keys)
+        if success:
+            self.held.update(keys)
+
+    def complete_load(self, keys: Sequence[bytes]) -> None:
+        return None
+
+    def reset(self) -> None:
+        self.held.clear()
+        self._pending.clear()
+
+
+# ---------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupEconomics:
+    index: int
+    tokens_per_chunk: int
+    files_written: int
+    files_read: int
+    """Every load read from disk (a CPU tier that never holds the chunk)."""
+    files_read_once: int
+    """Each loaded chunk read from disk once (a CPU tier that keeps what it read)."""
+    file_bytes: int
+
+    @property
+    def bytes_written(self) -> int:
+        return self.files_written * self.file_bytes
+
+    @property
+    def bytes_read(self) -> int:
+        return self.files_read * self.file_bytes
+
+
+@dataclass(frozen=True)
+class Economics:
+    """What serving a workload wrote, read and recomputed (totals; see :meth:`per_million`)."""
+
+    workload: str
+    requests: int
+    prompt_tokens: int
+    """The denominator: the sum of the requests' prompt lengths."""
+    groups: tuple[GroupEconomics, ...]
+    ideal_tokens: int
+    """Tokens an ideal cache would serve (see the module docstring)."""
+    gpu_hit_tokens: int
+    offload_hit_tokens: int
+    recomputed_tail_tokens: int
+    recomputed_lost_tokens: int
+    load_jobs: int
+
+    @property
+    def files_written(self) -> int:
+        return sum(g.files_written for g in self.groups)
+
+    @property
+    def files_read(self) -> int:
+        return sum(g.files_read for g in self.groups)
+
+    @property
+    def files_read_once(self) -> int:
+        return sum(g.files_read_once for g in self.groups)
+
+    @property
+    def bytes_written(self) -> int:
+        return sum(g.bytes_written for g in self.groups)
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(g.bytes_read for g in self.groups)
+
+    @property
+    def recomputed_tokens(self) -> int:
+        return self.recomputed_tail_tokens + self.recomputed_lost_tokens
+
+    def per_million(self, count: int) -> float:
+        """``count`` per million prompt tokens served."""
+        return count * MILLION / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+@dataclass
+class Tally:
+    """One pass's counters (per group index where keyed by group)."""
+
+    written: Counter[int] = field(default_factory=Counter)
+    read: Counter[int] = field(default_factory=Counter)
+    read_once: Counter[int] = field(default_factory=Counter)
+    """Loaded keys not loaded before in the pass: the reads of a CPU tier that keeps
+    whatever it read (each chunk read from disk once)."""
+    requests: int = 0
+    prompt_tokens: int = 0
+    ideal: int = 0
+    gpu_hit: int = 0
+    offload_hit: int = 0
+    tail: int = 0
+    lost: int = 0
+    load_jobs: int = 0
+
+
+# ---------------------------------------------------------------------------
+# The engine
+# ---------------------------------------------------------------------------
+
+
+class _Engine:
+    """Scheduler-side engine over a Planner: one request at a time, jobs done at once."""
+
+    def __init__(self, chunking: Chunking, policy: Policy, budget: int) -> None:
+        self.chunking = chunking
+        self.policy = policy
+        self.budget = budget
+        self.index = UnboundedIndex()
+        self.planner = Planner(chunking, self.index, policy)
+        self.num_groups = max(gc.group.index for gc in chunking.groups) + 1
+        self.gpu_alignment = math.lcm(*(gc.group.tokens_per_block for gc in chunking.groups))
+        self.tph = chunking.tokens_per_hash
+        self.next_block = 1
+        self.seen_hashes: set[bytes] = set()
+        """Every hash unit computed so far (prompts and outputs): the ideal cache."""
+        self.hot_prefixes: set[bytes] = set()
+        """Hashes at the end of shared prefixes the GPU cache holds (HOT_SHARED_PREFIX)."""
+        self.windowed = any(gc.window_in_chunks is not None for gc in chunking.groups)
+        self.tally = Tally()
+        self.loaded: set[bytes] = set()
+        """Keys loaded in this pass (see ``Tally.read_once``)."""
+        self._ids = 0
+
+    def _blocks(self, n: int) -> list[int]:
+        ids = list(range(self.next_block, self.next_block + n))
+        self.next_block += n
+        return ids
+
+    def _junction(self, hashes: Sequence[bytes], n: int, computed: int, hit: int) -> int | None:
+        """:func:`shared_prefix_junction` for this lookup (the offload side pins it)."""
+        if not (self.policy.offload_junctions and self.windowed):
+            return None
+        groups = self.chunking.groups
+        keys = [len(hashes) // gc.hashes_per_chunk for gc in groups]
+        limit = hit_limit(
+            n, computed, (), self.windowed, self.policy.last_token,
+            self.chunking.mamba_align_tokens,
+        )
+        key_lists = [group_keys(hashes, gc) for gc in groups]
+
+        def held(p: int, k: int) -> bool:
+            return self.index.lookup(key_lists[p][k]) is LookupResult.HIT
+
+        end = full_attention_end(groups, keys, held, computed, limit, False, self.policy.window)
+        return shared_prefix_junction(end, computed, hit, self.policy.retention_interval)
+
+    def _gpu_hit(self, req: WorkloadRequest, hashes: Sequence[bytes], n: int) -> int:
+        if self.gpu_cache is GpuCache.COLD or not req.system_tokens:
+            return 0
+        units = req.system_tokens // self.tph
+        if not units or hashes[units - 1] not in self.hot_prefixes:
+            return 0
+        return round_down(min(req.system_tokens, n - 1), self.gpu_alignment)
+
+    gpu_cache: GpuCache = GpuCache.COLD
+
+    def serve(self, req: WorkloadRequest, all_hashes: Sequence[bytes]) -> None:
+        """One request, start to finish (``all_hashes``: its prompt's and output's hash units)."""
+        tally = self.tally
+        self._ids += 1
+        rid = f"r{self._ids}"
+        prompt = req.prompt
+        n = len(prompt)
+        hashes = tuple(all_hashes[: n // self.tph])
+        ideal_units = 0
+        for h in hashes:
+            if h not in self.seen_hashes:
+                break
+            ideal_units += 1
+        ideal = min(ideal_units * self.tph, n - 1)
+
+        gpu_hit = self._gpu_hit(req, hashes, n)
+        planner = self.planner
+        planner.new_request(rid, n)
+        ext = planner.lookup(rid, hashes, n, gpu_hit)
+        assert ext is not None, "nothing is in flight between requests: a lookup cannot defer"
+        junction = self._junction(hashes, n, gpu_hit, ext) or 0
+        if gpu_hit and self.policy.retention_interval is not None:
+            junction = max(junction, gpu_hit)  # the GPU cache pins the shared prefix it serves
+        served = gpu_hit + ext
+
+        total = n + len(req.output)
+        tables: list[list[int]] = [[] for _ in range(self.num_groups)]
+        refs: list[list[BlockRef]] = [[] for _ in range(self.num_groups)]
+        for gc in self.chunking.groups:
+            tpb = gc.group.tokens_per_block
+            ids = self._blocks(cdiv(total, tpb))
+            cached = gpu_hit // tpb
+            skip = first_kept_block(gc, served) if gc.window_in_chunks is not None else 0
+            row = []
+            for j, b in enumerate(ids):
+                if j < skip and j < cdiv(served, tpb):
+                    ids[j] = 0
+                    row.append(BlockRef(0, is_null=True))
+                else:
+                    row.append(BlockRef(b, has_block_hash=j < cached))
+            tables[gc.group.index] = ids
+            refs[gc.group.index] = row
+        load = planner.allocated(rid, refs, ext)
+        if load is not None:
+            self._count_load(load, tally)
+            assert planner.last_job_id is not None
+            planner.job_done(planner.last_job_id, success=True)
+
+        done = served
+        first = True
+        while done < n:
+            todo = min(self.budget, n - done)
+            self._step(ScheduledRequest(
+                req_id=rid, num_prompt_tokens=n, num_tokens=n, num_computed_tokens=done,
+                num_scheduled_tokens=todo, block_hashes=hashes,
+                new_block_ids=tuple(tuple(t) for t in tables) if first else None,
+                is_full_table=first, shared_prefix_boundary=junction,
+            ), tally)
+            done += todo
+            first = False
+        out = len(req.output)
+        final_hashes = tuple(all_hashes[: total // self.tph])
+        if out > 1:
+            self._step(ScheduledRequest(
+                req_id=rid, num_prompt_tokens=n, num_tokens=total, num_computed_tokens=n,
+                num_scheduled_tokens=out - 1, block_hashes=final_hashes,
+                new_block_ids=tuple(tuple(t) for t in tables) if first else None,
+                is_full_table=first, shared_prefix_boundary=junction,
+            ), tally)
+        finished = ScheduledRequest(
+            req_id=rid, num_prompt_tokens=n, num_tokens=total, num_computed_tokens=total - 1,
+            num_scheduled_tokens=0, block_hashes=final_hashes, is_finished=True,
+            shared_prefix_boundary=junction,
+        )
+        for job_id, job in planner.step([], finished=[finished]):
+            self._count_store(job.keys, tally)
+            planner.job_done(job_id, success=True)
+
+        self.seen_hashes.update(all_hashes[: (total - 1) // self.tph])
+        if req.system_tokens >= self.tph:
+            self.hot_prefixes.add(hashes[req.system_tokens // self.tph - 1])
+        tally.requests += 1
+        tally.prompt_tokens += n
+        tally.ideal += ideal
+        tally.gpu_hit += gpu_hit
+        tally.offload_hit += ext
+        full_spans = [gc.tokens_per_chunk for gc in self.chunking.groups
+                      if gc.window_in_chunks is None] or [
+                          max(gc.tokens_per_chunk for gc in self.chunking.groups)]
+        boundary = round_down(ideal, max(full_spans))
+        if served < ideal:
+            tally.tail += ideal - max(served, boundary)
+            tally.lost += max(0, boundary - served)
+
+    def _step(self, info: ScheduledRequest, tally: Tally) -> None:
+        for job_id, job in self.planner.step([info]):
+            self._count_store(job.keys, tally)
+            self.planner.job_done(job_id, success=True)
+
+    @staticmethod
+    def _count_store(keys: Iterable[bytes], tally: Tally) -> None:
+        tally.written.update(split_key(k)[1] for k in keys)
+
+    def _count_load(self, load: LoadJob, tally: Tally) -> None:
+        tally.load_jobs += 1
+        tally.read.update(split_key(k)[1] for k in load.keys)
+        fresh = [k for k in load.keys if k not in self.loaded]
+        self.loaded.update(fresh)
+        tally.read_once.update(split_key(k)[1] for k in fresh)
+
+
+def hashed(
+    reqs: Sequence[WorkloadRequest], tokens_per_hash: int
+) -> list[tuple[WorkloadRequest, tuple[bytes, ...]]]:
+    """Each request with the hash units of its prompt and output.
+
+    A session's requests are prefixes of its last one (prompt plus output), so
+    one hash chain per session serves them all.
+    """
+    final: dict[int, WorkloadRequest] = {}
+    for req in reqs:
+        final[req.session] = req
+    chains = {
+        s: tuple(prefix_block_hashes(r.prompt + r.output, tokens_per_hash))
+        for s, r in final.items()
+    }
+    return [
+        (r, chains[r.session][: (len(r.prompt) + len(r.output)) // tokens_per_hash])
+        for r in reqs
+    ]
+
+
+@lru_cache(maxsize=16)
+def _hashed_workload(
+    workload: Workload, tokens_per_hash: int
+) -> list[tuple[WorkloadRequest, tuple[bytes, ...]]]:
+    """:func:`hashed` of a workload's requests: a sweep expands and hashes them once."""
+    return hashed(list(requests(workload)), tokens_per_hash)
+
+
+def serve(
+    chunking: Chunking,
+    passes: Sequence[Sequence[WorkloadRequest]],
+    policy: Policy = Policy(),  # noqa: B008  (a frozen dataclass)
+    *,
+    gpu_cache: GpuCache = GpuCache.COLD,
+    budget: int = 8192,
+) -> list[Tally]:
+    """Serve ``passes`` of requests one after another over one index; a tally per pass.
+
+    The GPU prefix cache is as ``gpu_cache`` says within a pass and empty at the
+    start of each (the conformance check resets it between passes).
+    """
+    return _serve_hashed(
+        chunking, [hashed(batch, chunking.tokens_per_hash) for batch in passes], policy,
+        gpu_cache, budget,
+    )
+
+
+def _serve_hashed(
+    chunking: Chunking,
+    passes: Sequence[Sequence[tuple[WorkloadRequest, Sequence[bytes]]]],
+    policy: Policy,
+    gpu_cache: GpuCache,
+    budget: int,
+) -> list[Tally]:
+    engine = _Engine(chunking, policy, budget)
+    engine.gpu_cache = gpu_cache
+    tallies = []
+    for batch in passes:
+        engine.tally = Tally()
+        engine.hot_prefixes.clear()
+        engine.loaded.clear()
+        for req, all_hashes in batch:
+            engine.serve(req, all_hashes)
+        tallies.append(engine.tally)
+    return tallies
+
+
+def summarize(
+    name: str, chunking: Chunking, tally: Tally, file_bytes: Mapping[int, int] | int = 0
+) -> Economics:
+    """An :class:`Economics` from one pass's tally; ``file_bytes``: per group index, or one size."""
+    sizes = (
+        {gc.group.index: file_bytes for gc in chunking.groups}
+        if isinstance(file_bytes, int)
+        else dict(file_bytes)
+    )
+    groups = tuple(
+        GroupEconomics(
+            gc.group.index, gc.tokens_per_chunk, tally.written[gc.group.index],
+            tally.read[gc.group.index], tally.read_once[gc.group.index],
+            sizes.get(gc.group.index, 0),
+        )
+        for gc in chunking.groups
+    )
+    return Economics(
+        workload=name, requests=tally.requests, prompt_tokens=tally.prompt_tokens, groups=groups,
+        ideal_tokens=tally.ideal, gpu_hit_tokens=tally.gpu_hit, offload_hit_tokens=tally.offload_hit,
+        recomputed_tail_tokens=tally.tail, recomputed_lost_tokens=tally.lost,
+        load_jobs=tally.load_jobs,
+    )
+
+
+def economics(
+    chunking: Chunking,
+    workload: Workload,
+    policy: Policy = Policy(),  # noqa: B008  (a frozen dataclass)
+    file_bytes: Mapping[int, int] | int = 0,
+) -> Economics:
+    """Serve ``workload`` once under ``chunking`` and ``policy``: what the tier writes and reads."""
+    (tally,) = _serve_hashed(
+        chunking, [_hashed_workload(workload, chunking.tokens_per_hash)], policy,
+        workload.gpu_cache, workload.max_num_batched_tokens,
+    )
+    return summarize(workload.name, chunking, tally, file_bytes)
+

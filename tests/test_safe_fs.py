@@ -1,0 +1,209 @@
+"""vllm_adapter.safe_fs: the chunk file format, its checks, its config errors, atomic writes.
+
+The engine-level cases (damaged files, full disk, restarts, killed writers, two engines
+on one root, gemma-4 and DeepSeek-V4) are the faults lane's
+(``conformance/lanes/test_tiered_faults.py``); these pin the format itself.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm_adapter import names  # noqa: E402
+from vllm_adapter import safe_fs as S  # noqa: E402
+from vllm_adapter import vllm_api as V  # noqa: E402
+
+NS = bytes(range(16))
+KEY = S.key_digest(b"\x01" * 36)
+ROW = 3 * 4096
+
+
+def _payload(fill: int) -> memoryview:
+    return memoryview(bytearray(bytes([fill]) * ROW))
+
+
+def _load(path: Path, io: S.ChunkIO, key: bytes = KEY, size: int = ROW) -> bytes:
+    dest = memoryview(bytearray(size))
+    S.load_chunk(str(path), dest, key, io)
+    return bytes(dest)
+
+
+def test_round_trip_and_layout(tmp_path: Path) -> None:
+    io = S.ChunkIO(namespace=NS)
+    path = tmp_path / "a" / "b.bin"
+    data = bytes(os.urandom(ROW))
+    S.store_chunk(str(path), memoryview(bytearray(data)), KEY, io)
+    assert path.stat().st_size == S.HEADER_SIZE + ROW
+    assert path.read_bytes()[:8] == S.MAGIC and path.read_bytes()[S.HEADER_SIZE:] == data
+    assert _load(path, io) == data
+    assert [p.name for p in path.parent.iterdir()] == ["b.bin"], "a temporary file was left"
+
+
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (lambda b: b[: len(b) // 2], "size"),
+        (lambda b: b + b"\0", "size"),
+        (lambda b: b[:-1] + bytes([b[-1] ^ 1]), "checksum"),
+        (lambda b: bytes([b[0] ^ 1]) + b[1:], "header"),
+        (lambda b: b[:20] + bytes([b[20] ^ 1]) + b[21:], "header"),
+    ],
+    ids=["truncated", "extended", "payload-bit", "magic-bit", "length-bit"],
+)
+def test_a_damaged_file_fails_and_is_removed(tmp_path: Path, damage: Any, why: str) -> None:
+    io = S.ChunkIO(namespace=NS)
+    path = tmp_path / "c.bin"
+    S.store_chunk(str(path), _payload(7), KEY, io)
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(S.ChunkFileError) as err:
+        _load(path, io)
+    assert isinstance(err.value, OSError) and err.value.why == why
+    assert not path.exists() and io.counters.bad_files == {why: 1}
+
+
+def test_another_namespace_key_or_size_is_a_failed_load(tmp_path: Path) -> None:
+    for other, why in (
+        ({"io": S.ChunkIO(namespace=bytes(16))}, "namespace"),
+        ({"key": S.key_digest(b"other")}, "key"),
+        ({"size": ROW - 4096}, "size"),
+    ):
+        path = tmp_path / f"{why}.bin"
+        S.store_chunk(str(path), _payload(3), KEY, S.ChunkIO(namespace=NS))
+        with pytest.raises(S.ChunkFileError, match=why):
+            _load(path, other.get("io", S.ChunkIO(namespace=NS)), other.get("key", KEY),
+                  other.get("size", ROW))
+
+
+def test_quarantine_keeps_the_bad_file_aside(tmp_path: Path) -> None:
+    io = S.ChunkIO(namespace=NS, bad_files="quarantine", quarantine_dir=str(tmp_path / "q"))
+    path = tmp_path / "d.bin"
+    S.store_chunk(str(path), _payload(1), KEY, io)
+    os.truncate(path, 100)
+    with pytest.raises(S.ChunkFileError):
+        _load(path, io)
+    assert not path.exists() and len(list((tmp_path / "q").iterdir())) == 1
+
+
+def test_batch_load_reports_the_prefix_and_checks_every_file(tmp_path: Path) -> None:
+    io = S.ChunkIO(namespace=NS)
+    paths = [str(tmp_path / f"{i}.bin") for i in range(3)]
+    keys = [S.key_digest(bytes([i])) for i in range(3)]
+    region = memoryview(bytearray(3 * ROW))
+    S.batch_store_chunks(paths, keys, region, [0, ROW, 2 * ROW], ROW, io)
+    for p in paths[1:]:
+        os.truncate(p, 10)
+    with pytest.raises(OSError) as err:
+        S.batch_load_chunks(paths, keys, region, [0, ROW, 2 * ROW], ROW, io)
+    assert err.value.num_succeeded == 1  # type: ignore[attr-defined]
+    assert [os.path.exists(p) for p in paths] == [True, False, False]
+
+
+def _hammer(root: str, fill: int, seconds: float) -> None:
+    io = S.ChunkIO(namespace=NS)
+    payload = _payload(fill)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for i in range(4):
+            S.store_chunk(os.path.join(root, f"{i}.bin"), payload, KEY, io)
+
+
+def test_concurrent_writers_never_publish_a_torn_file(tmp_path: Path) -> None:
+    """Two processes rewrite the same files (different valid contents) while this one
+    reads them: every read is one writer's whole file, never a mix, never a failure."""
+    ctx = multiprocessing.get_context("fork")
+    writers = [ctx.Process(target=_hammer, args=(str(tmp_path), f, 3.0)) for f in (0xAA, 0xBB)]
+    for w in writers:
+        w.start()
+    io = S.ChunkIO(namespace=NS)
+    seen: set[bytes] = set()
+    reads = 0
+    try:
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end:
+            for i in range(4):
+                try:
+                    data = _load(tmp_path / f"{i}.bin", io)
+                except FileNotFoundError:
+                    continue
+                reads += 1
+                seen.add(bytes(sorted(set(data))))
+    finally:
+        for w in writers:
+            w.join()
+    assert all(w.exitcode == 0 for w in writers)
+    assert reads > 0 and seen <= {b"\xaa", b"\xbb"}, f"{reads} reads saw {seen}"
+    assert not io.counters.bad_files, io.counters
+    assert not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
+
+
+@pytest.mark.parametrize(
+    "tier, match",
+    [
+        ({"type": "fs"}, "'root_dir' in secondary_tiers\\[0\\].*e.g."),
+        ({"type": "fs", "root_dir": "/x", "checksum": "crc32c"}, "'checksum'.*'blake3'"),
+        ({"type": "fs", "root_dir": "/x", "bad_files": "keep"}, "'bad_files'.*'quarantine'"),
+        ({"type": "fs", "root_dir": "/x", "fsync": "yes"}, "'fsync'.*true or false"),
+        ({"type": "fs", "root_dir": "/x", "n_read_threads": 0}, "'n_read_threads'.*e.g. 16"),
+        ("fs", "secondary_tiers\\[0\\].*must be an object"),
+        ({"type": "fs", "root_dir": "/x", "root": "/y"}, "'root' in secondary_tiers\\[0\\].*valid: type"),
+    ],
+)
+def test_bad_tier_config_is_a_value_error_naming_the_key(tier: Any, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        S.kvchunk_tier_configs([tier])
+
+
+def test_fs_tiers_become_kvchunks_others_stay() -> None:
+    out = S.kvchunk_tier_configs([{"type": "fs", "root_dir": "/x"}, {"type": "example"}])
+    assert out == [{"type": names.KVCHUNK_FS_TIER, "root_dir": "/x"}, {"type": "example"}]
+    tier_cls = V.SecondaryTierFactory.get_tier_class({"type": names.KVCHUNK_FS_TIER})
+    assert tier_cls is S.KvchunkFileTierManager
+
+
+def test_namespace_changes_with_every_geometry_field() -> None:
+    from types import SimpleNamespace as NS_
+
+    def spec(**over: Any) -> Any:
+        group = NS_(group_id=0, tokens_per_block=16, layer_names=("l0",),
+                    sliding_window_size_in_chunks=None)
+        par = NS_(rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1)
+        config = NS_(model=NS_(name="m", dtype="bfloat16"), kv_cache_layout="NHD",
+                     canonical_layout=False, cache=NS_(tokens_per_hash=16, blocks_per_chunk=2),
+                     worker_kv_bytes_per_block=4096, groups=(group,), parallel=par)
+        s = NS_(config=config, replicated_layout=False, kv_bytes_per_chunk=8192,
+                cpu_page_size_per_worker=8192)
+        for path, value in over.items():
+            *head, last = path.split(".")
+            obj = s
+            for h in head:
+                obj = getattr(obj, h)
+            setattr(obj, last, value)
+        return s
+
+    base = S.namespace_digest(S.geometry(spec(), 8192))
+    changes = {
+        "config.worker_kv_bytes_per_block": 2048,
+        "config.model.dtype": "float8_e4m3fn",
+        "config.kv_cache_layout": "HND",
+        "config.cache.blocks_per_chunk": 4,
+        "config.parallel.tp_size": 2,
+        "config.parallel.rank": 1,
+        "config.parallel.dcp_size": 2,
+        "config.parallel.pp_size": 2,
+        "config.model.name": "other",
+        "kv_bytes_per_chunk": 4096,
+    }
+    for path, value in changes.items():
+        assert S.namespace_digest(S.geometry(spec(**{path: value}), 8192)) != base, path
+    other_layers = spec()
+    other_layers.config.groups[0].layer_names = ("l1",)
+    assert S.namespace_digest(S.geometry(other_layers, 8192)) != base
+    assert S.namespace_digest(S.geometry(spec(), 4096)) != base

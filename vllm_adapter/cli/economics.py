@@ -1,0 +1,283 @@
+"""The workload's files, bytes, recomputed tokens and modelled disk time for a chunking.
+
+Every figure comes from :func:`reference.economics.economics` (the reference
+Planner serving the workload's requests under the release's rules); this module
+adds file sizes, the disk model (:mod:`vllm_adapter.disk_model`), the per-group
+map comparison, the sweep and its plot.  No vLLM import: the callers resolve
+knobs (:mod:`.sizing`) and pass chunkings and file sizes in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from reference.economics import Economics, economics
+from reference.knobs import Chunking, PerGroupBlocksPerChunk, resolve
+from reference.plan import Policy
+from reference.workload import Workload
+from vllm_adapter.cli.args import CliError
+from vllm_adapter.cli.result import (
+    BandwidthKnee,
+    DiskTimeRow,
+    FsModelInfo,
+    GroupTraffic,
+    PerGroupMap,
+    Sweep,
+    SweepPoint,
+    Traffic,
+)
+from vllm_adapter.disk_model import Direction, FsModel, disk_time
+
+__all__ = [
+    "SweepInput",
+    "forget_served",
+    "fs_model_info",
+    "per_group_map",
+    "plot_sweep",
+    "serve",
+    "sweep",
+    "traffic",
+]
+
+_SERVED: dict[tuple[Chunking, Workload, Policy], Economics] = {}
+"""Per process: one serving run per chunking, workload and rules (the fuzzer repeats knobs)."""
+
+
+def serve(chunking: Chunking, workload: Workload, policy: Policy) -> Economics:
+    """:func:`reference.economics.economics` of the workload (file sizes applied later)."""
+    key = (chunking, workload, policy)
+    found = _SERVED.get(key)
+    if found is None:
+        found = economics(chunking, workload, policy)
+        _SERVED[key] = found
+    return found
+
+
+def forget_served() -> None:
+    """Drop :func:`serve`'s per-process results (a benchmark times fresh runs)."""
+    _SERVED.clear()
+
+
+def fs_model_info(model: FsModel) -> FsModelInfo:
+    read = model.direction("read")
+    return FsModelInfo(
+        name=model.name,
+        file_latency_s=model.file_latency_s,
+        read_file_latency_s=read.file_latency_s,
+        concurrency=model.concurrency,
+        bandwidth_bps=model.bandwidth_bps,
+        read_bandwidth_bps=read.bandwidth_bps,
+        crossover_bytes=model.crossover_bytes,
+        source=model.source,
+    )
+
+
+def _bound(bounds: set[str]) -> str:
+    bounds.discard("-")
+    if not bounds:
+        return "-"
+    return bounds.pop() if len(bounds) == 1 else "mixed"
+
+
+def _disk_row(model: FsModel, per_group: Sequence[tuple[float, float, int]]) -> DiskTimeRow:
+    """``per_group``: (files written / M, files read / M, file bytes) per group."""
+    times: dict[Direction, tuple[float, str]] = {}
+    for direction in ("write", "read"):
+        parts = [
+            disk_time(model, written if direction == "write" else read, size, direction)
+            for written, read, size in per_group
+        ]
+        times[direction] = (sum(p.seconds for p in parts), _bound({p.bound for p in parts}))
+    return DiskTimeRow(
+        fs_model=model.name,
+        write_seconds_per_million=times["write"][0],
+        write_bound=times["write"][1],
+        read_seconds_per_million=times["read"][0],
+        read_bound=times["read"][1],
+    )
+
+
+def traffic(e: Economics, file_bytes: Mapping[int, int], models: Sequence[FsModel]) -> Traffic:
+    """Per million prompt tokens: files and bytes per group, recomputed tokens, disk time."""
+    groups = tuple(
+        GroupTraffic(
+            index=g.index,
+            tokens_per_chunk=g.tokens_per_chunk,
+            file_bytes=file_bytes[g.index],
+            files_written_per_million=e.per_million(g.files_written),
+            files_read_per_million=e.per_million(g.files_read),
+            # int products first: exact, and no float overflow for an absurd chunk size
+            bytes_written_per_million=e.per_million(g.files_written * file_bytes[g.index]),
+            bytes_read_per_million=e.per_million(g.files_read * file_bytes[g.index]),
+        )
+        for g in e.groups
+    )
+    per_group = [
+        (g.files_written_per_million, g.files_read_per_million, g.file_bytes) for g in groups
+    ]
+    return Traffic(
+        groups=groups,
+        files_written_per_million=e.per_million(e.files_written),
+        files_read_per_million=e.per_million(e.files_read),
+        bytes_written_per_million=sum(g.bytes_written_per_million for g in groups),
+        bytes_read_per_million=sum(g.bytes_read_per_million for g in groups),
+        ideal_hit_per_million=e.per_million(e.ideal_tokens),
+        gpu_hit_per_million=e.per_million(e.gpu_hit_tokens),
+        offload_hit_per_million=e.per_million(e.offload_hit_tokens),
+        recomputed_tail_per_million=e.per_million(e.recomputed_tail_tokens),
+        recomputed_lost_per_million=e.per_million(e.recomputed_lost_tokens),
+        recomputed_per_million=e.per_million(e.recomputed_tokens),
+        disk=tuple(_disk_row(m, per_group) for m in models),
+    )
+
+
+def per_group_map(
+    chunking: Chunking,
+    group_file_bytes: Callable[[int, int], int],
+    workload: Workload,
+    policy: Policy,
+    models: Sequence[FsModel],
+) -> PerGroupMap:
+    """Every group at the full-attention groups' tokens per chunk (``B_g = T / tokens_per_block_g``).
+
+    Resolved with :func:`reference.knobs.resolve` (vLLM's connector refuses per-group
+    maps); ``group_file_bytes(index, B_g)``: that group's file size.
+    """
+    tokens = chunking.alignment_tokens
+    if tokens is None:
+        return PerGroupMap(None, {}, False, "the full-attention groups disagree on tokens per "
+                           "chunk: no single span to give every group", None)
+    values: dict[int, int] = {}
+    for gc in chunking.groups:
+        tpb = gc.group.tokens_per_block
+        if tokens % tpb:
+            return PerGroupMap(
+                tokens, {}, False,
+                f"{gc.group.describe()}: {tokens} tokens are not a whole number of its "
+                f"{tpb}-token blocks", None,
+            )
+        values[gc.group.index] = tokens // tpb
+    try:
+        mapped = resolve(
+            chunking.geometry, PerGroupBlocksPerChunk.of(values), policy.retention_interval
+        )
+    except ValueError as e:
+        return PerGroupMap(tokens, values, False, str(e), None)
+    sizes = {gc.group.index: group_file_bytes(gc.group.index, gc.blocks_per_chunk)
+             for gc in mapped.groups}
+    return PerGroupMap(
+        tokens, values, True, None, traffic(serve(mapped, workload, policy), sizes, models)
+    )
+
+
+@dataclass(frozen=True)
+class SweepInput:
+    """One resolved knob value of a sweep: the chunking and its (uniform) file size."""
+
+    knob: dict[str, int]
+    chunking: Chunking
+    blocks_per_chunk: int
+    file_bytes: int
+
+
+def sweep(
+    knob_name: str,
+    points: Sequence[SweepInput],
+    skipped: Sequence[str],
+    workload: Workload,
+    policy: Policy,
+    models: Sequence[FsModel],
+) -> Sweep:
+    """The figures at every point, the hit cost of each step up, and where each fs model
+    stops being IOPS-bound (writes and reads both bandwidth-bound)."""
+    out: list[SweepPoint] = []
+    previous: float | None = None
+    for p in points:
+        sizes = {gc.group.index: p.file_bytes for gc in p.chunking.groups}
+        t = traffic(serve(p.chunking, workload, policy), sizes, models)
+        out.append(
+            SweepPoint(
+                knob=dict(p.knob),
+                blocks_per_chunk=p.blocks_per_chunk,
+                alignment_tokens=p.chunking.alignment_tokens,
+                file_bytes=p.file_bytes,
+                traffic=t,
+                recomputed_added_per_million=None
+                if previous is None
+                else t.recomputed_per_million - previous,
+            )
+        )
+        previous = t.recomputed_per_million
+    knees = []
+    for m in models:
+        first = next(
+            (
+                p
+                for p in out
+                if m.bound(p.file_bytes, "write") == "bandwidth"
+                and m.bound(p.file_bytes, "read") == "bandwidth"
+            ),
+            None,
+        )
+        knees.append(
+            BandwidthKnee(m.name, None if first is None else dict(first.knob),
+                          None if first is None else first.file_bytes)
+        )
+    return Sweep(knob_name, tuple(out), tuple(skipped), tuple(knees), None)
+
+
+def plot_sweep(result: Sweep, path: Path, title: str) -> None:
+    """A PNG of the sweep: files, recomputed tokens and modelled disk time per knob value."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise CliError(
+            "--plot needs matplotlib, which is not installed here (pip install matplotlib)"
+        ) from None
+    xs = [next(iter(p.knob.values())) for p in result.points]
+
+    def positive(values: list[float]) -> list[float]:
+        """Zeros (nothing stored at that chunk size) left out of a log axis."""
+        return [v if v > 0 else float("nan") for v in values]
+
+    fig, (files, hits, disk) = plt.subplots(1, 3, figsize=(16, 4.6))
+    files.plot(xs, positive([p.traffic.files_written_per_million for p in result.points]), "o-",
+               label="files written")
+    files.plot(xs, positive([p.traffic.files_read_per_million for p in result.points]), "s--",
+               label="files read")
+    files.set_yscale("log")
+    files.set_ylabel("files per million prompt tokens")
+    files.set_title("Files (all groups)")
+    hits.plot(xs, [p.traffic.recomputed_per_million for p in result.points], "o-",
+              label="recomputed (tail + lost)")
+    hits.plot(xs, [p.traffic.recomputed_tail_per_million for p in result.points], "s--",
+              label="partial tail")
+    hits.set_ylabel("tokens recomputed per million prompt tokens")
+    hits.set_title("Hit cost of the chunk size")
+    for i, name in enumerate(r.fs_model for r in (result.points[0].traffic.disk
+                                                  if result.points else ())):
+        disk.plot(xs, positive([p.traffic.disk[i].write_seconds_per_million
+                                for p in result.points]), "o-", label=f"{name}: write")
+        disk.plot(xs, positive([p.traffic.disk[i].read_seconds_per_million
+                                for p in result.points]), "s--", label=f"{name}: read")
+    disk.set_yscale("log")
+    disk.set_ylabel("modelled disk seconds per million prompt tokens")
+    disk.set_title("Modelled disk time")
+    for ax in (files, hits, disk):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(result.knob_name)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110, format="png")
+    except OSError as e:
+        raise CliError(f"--plot {path}: cannot write it ({e.strerror or e})") from None
+    finally:
+        plt.close(fig)
