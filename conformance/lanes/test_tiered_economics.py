@@ -57,7 +57,7 @@ SHAPES: dict[str, Workload] = {
     "shared-prefix": Workload(
         name="shared-prefix",
         description="two conversations of two turns behind one unaligned system prompt",
-        source="conformance shape", sessions=2, turns=2, system_tokens=300,
+        source="conformance shape", sessions=2, turns=2, system_tokens=700,
         turn_tokens=Span(150, 350), output_tokens=Span(OUTPUT_TOKENS, OUTPUT_TOKENS), seed=12,
     ),
 }
@@ -72,13 +72,15 @@ class EconomicsCase:
     shape: str
     retention: str
     num_cpu_chunks: int
+    num_gpu_blocks: int
 
     def __str__(self) -> str:
         return f"{self.fixture}-block_size512-{self.shape}-{self.retention}"
 
     @property
     def base(self) -> FixtureCase:
-        return FixtureCase(self.fixture, (("block_size", 512),), True, 2048, self.num_cpu_chunks,
+        return FixtureCase(self.fixture, (("block_size", 512),), True, self.num_gpu_blocks,
+                           self.num_cpu_chunks,
                            0, budget=BUDGET)
 
     @property
@@ -97,9 +99,10 @@ runner: CI runs vLLM's default retention (0), the nightly ``deep`` profile all t
 
 CASES = [
     # gemma-4: the CPU tier holds every chunk of a pass.
-    *(EconomicsCase(GEMMA, s, r, 48) for s in SHAPES for r in GEMMA_RETENTIONS),
-    # DeepSeek-V4: 2 MiB files, 8- and 16-token chunks in groups 3 and 4 (dense: ~130 per prompt).
-    *(EconomicsCase(DSV4, s, r, 640) for s in SHAPES for r in RETENTIONS),
+    *(EconomicsCase(GEMMA, s, r, 48, 512) for s in SHAPES for r in GEMMA_RETENTIONS),
+    # DeepSeek-V4: 2 MiB files, 8- and 16-token chunks in groups 3 and 4 (dense: ~130 per
+    # prompt).  GPU blocks: every group of a request fits (one pool; 4-token blocks in group 3).
+    *(EconomicsCase(DSV4, s, r, 640, 1024) for s in SHAPES for r in RETENTIONS),
 ]
 
 
