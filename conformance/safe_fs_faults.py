@@ -26,7 +26,7 @@ import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from conformance import tiered as T
 from conformance.trace import RequestSpec
@@ -67,34 +67,14 @@ def tier_of(session: Any) -> S.KvchunkFileTierManager:
 class ChunkProbe(T.FileProbe):
     """:class:`~conformance.tiered.FileProbe` on kvchunk's tier (``before_load`` / ``store`` hooks too)."""
 
-    def install(self, monkeypatch: Any) -> ChunkProbe:
-        real_store, real_load = S.batch_store_chunks, S.batch_load_chunks
-
-        def store(paths: list[str], *args: Any, **kwargs: Any) -> None:
-            try:
-                (self.store or real_store)(paths, *args, **kwargs)
-            except OSError as exc:
-                with self._lock:
-                    self.store_failures.append(f"{type(exc).__name__}: {exc}")
-                raise
-
-        def load(paths: list[str], *args: Any, **kwargs: Any) -> None:
-            try:
-                if self.before_load is not None:
-                    self.before_load(list(paths))
-                real_load(paths, *args, **kwargs)
-            except OSError as exc:
-                done = int(getattr(exc, "num_succeeded", 0))
-                with self._lock:
-                    self.loaded.extend(paths[:done])
-                    self.load_failures.append(f"{type(exc).__name__}: {exc}")
-                raise
-            with self._lock:
-                self.loaded.extend(paths)
-
-        monkeypatch.setattr(S, "batch_store_chunks", store)
-        monkeypatch.setattr(S, "batch_load_chunks", load)
-        return self
+    def install(
+        self,
+        monkeypatch: Any,
+        module: Any = S,
+        store_name: str = "batch_store_chunks",
+        load_name: str = "batch_load_chunks",
+    ) -> Self:
+        return super().install(monkeypatch, module, store_name, load_name)
 
 
 def prompts(prompt_len: int, seed: int = 0) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from conformance.fixture_runs import FixtureCase
 from conformance.kvdata import DataStats, SyntheticModelRunner
@@ -122,9 +122,16 @@ class FileProbe:
     store: Callable[..., None] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def install(self, monkeypatch: Any) -> FileProbe:
-        module = V.fs_tier_module
-        real_store, real_load = module.batch_store_block, module.batch_load_block
+    def install(
+        self,
+        monkeypatch: Any,
+        module: Any = None,
+        store_name: str = "batch_store_block",
+        load_name: str = "batch_load_block",
+    ) -> Self:
+        """Wrap ``module``'s file I/O functions (default: vLLM's fs tier's)."""
+        module = V.fs_tier_module if module is None else module
+        real_store, real_load = getattr(module, store_name), getattr(module, load_name)
 
         def store(paths: list[str], *args: Any, **kwargs: Any) -> None:
             try:
@@ -148,8 +155,8 @@ class FileProbe:
             with self._lock:
                 self.loaded.extend(paths)
 
-        monkeypatch.setattr(module, "batch_store_block", store)
-        monkeypatch.setattr(module, "batch_load_block", load)
+        monkeypatch.setattr(module, store_name, store)
+        monkeypatch.setattr(module, load_name, load)
         return self
 
     def read_per_group(self) -> dict[int, int]:
