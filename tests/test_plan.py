@@ -49,10 +49,6 @@ def _policy(data: st.DataObject) -> Policy:
 @given(chunkings(), prompts, st.integers(1, 300), st.data())
 def test_round_trip_and_sound_hits(chunking: Chunking, tokens: list[int], budget: int, data: st.DataObject) -> None:
     policy = _policy(data)
-    try:
-        resolve(chunking.geometry, BlocksPerChunk(1), policy.retention_interval)
-    except ValueError:
-        pass
     sim = SimEngine(chunking, policy=policy)
     failing = data.draw(st.sets(st.integers(0, 8), max_size=3))
     sim.run_request("a", tokens, budget, fail_store=failing)

@@ -199,8 +199,8 @@ def filesystem(path: str) -> str:
                 inside = path == mount or path.startswith(mount.rstrip("/") + "/")
                 if inside and len(mount) >= len(best[0]):
                     best = (mount, fstype)
-    except OSError:
-        pass
+    except OSError as e:
+        return f"unknown file system (/proc/mounts unreadable: {e.strerror or e})"
     return f"{best[1]} on {best[0] or '?'}"
 
 
