@@ -9,6 +9,7 @@ properties with integers; they are summed into the reliability table.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -20,6 +21,9 @@ import pytest
 from vllm_adapter.render import render_table
 
 LANES = ("config", "plan", "data", "gpu_copy", "e2e", "faults", "versions", "meta")
+TIER_KNOB = re.compile(r"^(?P<before>.*?)\b(?P<tier>vllm|kvchunk) fs tier(?P<after>.*)$")
+"""A faults-lane knob naming the file tier it ran on (the case is the rest of it)."""
+DEVIATION_ID = re.compile(r"deviation '([\w.-]+)'")
 
 
 @dataclass
@@ -50,12 +54,17 @@ class ConformanceReport:
         self.counters: dict[str, int] = defaultdict(int)
         self.version_answers: dict[str, str] = {}
         """``version_answer:<change id>`` properties: this release's answer per change."""
-        self.mutations: list[tuple[str, str, str, str]] = []
-        """Meta lane: (mutant, bug class, caught by, seconds) per mutant test."""
+        self.mutations: list[tuple[str, ...]] = []
+        """Meta lane, per mutant test: (mutant, bug class, caught by, assertion/crash,
+        crashed check, seconds, survivor reason)."""
         self.mutation_score: str | None = None
         self.economics: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
         """Economics check: (fixture, knob) -> (outcome, ``econ:*`` properties)."""
         self.file_tier: dict[tuple[str, str], dict[str, Any]] = {}
+        self.tier_cases: dict[tuple[str, str], dict[str, tuple[str, str, str]]] = defaultdict(dict)
+        """Faults lane, cases run on both file tiers: (fixture, case) -> tier -> result cell key."""
+        self.tier_counters: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        """Faults lane: tier (``vllm`` / ``kvchunk``) -> counter totals of its cases."""
         """Tiered lanes: (fixture, knob) -> ``counter:files_*`` / ``bytes_per_file:g<i>`` values."""
         self.started = time.monotonic()
 
@@ -90,12 +99,20 @@ class ConformanceReport:
             cell.seconds += report.duration
             self.lane_seconds[str(lane)] += report.duration
             if "mutant" in props:
-                self.mutations.append((str(props["mutant"]), str(props.get("bug_class", "-")),
-                                       str(props.get("caught_by", "-")),
-                                       str(props.get("seconds", "-"))))
+                self.mutations.append(tuple(str(props.get(k, "-")) for k in (
+                    "mutant", "bug_class", "caught_by", "catch_kind", "crashed_by", "seconds",
+                    "survivor_reason")))
             if "mutation_score" in props:
                 outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
                 self.mutation_score = f"{props['mutation_score']} ({outcome})"
+            tier = TIER_KNOB.match(key[1])
+            if tier is not None:
+                parts = (tier["before"].strip(" ,"), tier["after"].strip(" ,"))
+                case = ", ".join(p for p in parts if p) or "-"
+                self.tier_cases[(key[0], case)][tier["tier"]] = key
+                for name, value in props.items():
+                    if name.startswith("counter:") and isinstance(value, int):
+                        self.tier_counters[tier["tier"]][name.removeprefix("counter:")] += value
             files = {
                 k: v for k, v in props.items()
                 if k.startswith(("bytes_per_file:", "counter:files_", "files_written:", "files_read:"))
@@ -193,15 +210,59 @@ class ConformanceReport:
         )
 
     def mutation_section(self) -> str:
-        """Meta lane: which check caught each mutant, and the score (empty when not run)."""
+        """Meta lane: per mutant the check whose assertion caught it, or the check it only
+        crashed (not counted); the score by assertion; one sentence per survivor."""
         if not self.mutations:
             return ""
         from vllm_adapter.render import render_table
 
-        table = render_table(("mutant", "bug class", "caught by (lane::test)", "seconds"),
-                             sorted(self.mutations, key=lambda row: (row[1], row[0])))
+        rows = sorted(self.mutations, key=lambda row: (row[1], row[0]))
+        table = render_table(("mutant", "bug class", "caught by (lane::test)", "catch",
+                              "crashed (not counted)", "seconds"), [row[:6] for row in rows])
         score = self.mutation_score or "not computed (test_mutation_score did not run)"
-        return f"{table}\n\nScore (caught / non-equivalent mutants): {score}"
+        survivors = [f"- `{row[0]}`: {row[6]}" for row in rows if row[3] != "assertion"]
+        text = f"{table}\n\nScore (caught by assertion / non-equivalent mutants): {score}"
+        if survivors:
+            text += "\n\nNot caught by an assertion:\n\n" + "\n".join(survivors)
+        return text
+
+    def tier_comparison(self) -> tuple[str, str]:
+        """The fault cases run on vLLM's fs tier and on kvchunk's, side by side: per case
+        the result on each, and the counters each tier's cases totalled."""
+        if not self.tier_cases:
+            return "", ""
+        names = {"vllm": "vLLM's fs tier", "kvchunk": "kvchunk's fs tier (safe_fs)"}
+
+        def result(cell_key: tuple[str, str, str] | None) -> str:
+            if cell_key is None:
+                return "not run"
+            cell = self.cells[cell_key]
+            deviations = sorted({m for r in cell.reasons for m in DEVIATION_ID.findall(r)})
+            parts = [f"{n} {what}" for n, what in ((cell.passed, "passed"),
+                     (cell.failed, "FAILED"), (cell.xfailed, "xfailed"), (cell.skipped, "skipped"))
+                     if n]
+            text = ", ".join(parts) or "-"
+            return text + (f" (deviation {', '.join(deviations)})" if deviations else "")
+
+        rows = [
+            (fixture, case, *(result(tiers.get(t)) for t in names))
+            for (fixture, case), tiers in sorted(self.tier_cases.items())
+        ]
+        cases = render_table(("fixture", "fault case", *names.values()), rows)
+        measures = [
+            ("wrong loads served (bytes differ from the stored chunk)", "tier_wrong_loads"),
+            ("failed load jobs (tokens recomputed)", "tier_failed_loads"),
+            ("requests left unfinished", "tier_unfinished_requests"),
+            ("files written", "files_written"),
+            ("files read", "files_read"),
+            ("bad files detected (kvchunk's checks)", "kvchunk_bad_files"),
+        ]
+        totals = render_table(
+            ("measure (faults lane, file-tier cases)", *names.values(), "counter"),
+            [(what, *(str(self.tier_counters[t].get(c, 0)) if t in self.tier_counters
+                      else "not run" for t in names), f"`{c}`") for what, c in measures],
+        )
+        return cases, totals
 
     def file_tier_section(self) -> str:
         """Tiered lanes: files written and read, per group, and bytes per file, per case."""
@@ -261,6 +322,14 @@ class ConformanceReport:
         reliability = self.reliability()
         if reliability:
             text += f"\n## Reliability (counted by the suite)\n\n{reliability}\n"
+        tier_cases, tier_totals = self.tier_comparison()
+        if tier_cases:
+            text += (
+                "\n## File tiers side by side (tiered faults lane)\n\n"
+                "Every file-tier fault case runs on vLLM's fs tier and on kvchunk's "
+                "(`vllm_adapter.safe_fs`); an xfail is a recorded vLLM deviation.\n\n"
+                f"{tier_totals}\n\n{tier_cases}\n"
+            )
         mutation = self.mutation_section()
         if mutation:
             text += f"\n## Mutation score\n\n{mutation}\n"

@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from vllm_adapter import chunk_file as C  # noqa: E402
 from vllm_adapter import names  # noqa: E402
 from vllm_adapter import safe_fs as S  # noqa: E402
 from vllm_adapter import vllm_api as V  # noqa: E402
@@ -207,3 +208,50 @@ def test_namespace_changes_with_every_geometry_field() -> None:
     other_layers.config.groups[0].layer_names = ("l1",)
     assert S.namespace_digest(S.geometry(other_layers, 8192)) != base
     assert S.namespace_digest(S.geometry(spec(), 4096)) != base
+
+
+LARGE = 2 * C.SEGMENT_BYTES + 3 * 4096
+"""A payload hashed beside its I/O (>= OVERLAP_BYTES) over three read segments, the last short."""
+
+
+@pytest.mark.parametrize("where", [0, C.SEGMENT_BYTES, LARGE - 1], ids=["first", "second", "last"])
+def test_a_large_payload_round_trips_and_any_segment_bit_fails(tmp_path: Path, where: int) -> None:
+    assert LARGE >= C.OVERLAP_BYTES
+    io = S.ChunkIO(namespace=NS)
+    path = tmp_path / "big.bin"
+    data = os.urandom(LARGE)
+    S.store_chunk(str(path), memoryview(bytearray(data)), KEY, io)
+    assert path.read_bytes()[S.HEADER_SIZE:] == data
+    assert _load(path, io, size=LARGE) == data
+    raw = bytearray(path.read_bytes())
+    raw[S.HEADER_SIZE + where] ^= 0x40
+    path.write_bytes(bytes(raw))
+    with pytest.raises(S.ChunkFileError) as err:
+        _load(path, io, size=LARGE)
+    assert err.value.why == "checksum" and not path.exists()
+    # the same thread's hashing helper is clean for the next file
+    S.store_chunk(str(path), memoryview(bytearray(data)), KEY, io)
+    assert _load(path, io, size=LARGE) == data
+
+
+def test_a_large_payload_digest_equals_the_one_shot_digest(tmp_path: Path) -> None:
+    """Hashing segment by segment beside the I/O gives the digest of the whole payload."""
+    data = os.urandom(LARGE)
+    path = tmp_path / "big.bin"
+    S.store_chunk(str(path), memoryview(bytearray(data)), KEY, S.ChunkIO(namespace=NS))
+    header = path.read_bytes()[: S.HEADER_SIZE]
+    assert C.digest(data) in header
+
+
+def test_stale_temporary_files_are_swept_fresh_ones_and_chunks_kept(tmp_path: Path) -> None:
+    io = S.ChunkIO(namespace=NS)
+    chunk = tmp_path / "d" / "c.bin"
+    S.store_chunk(str(chunk), _payload(1), KEY, io)
+    stale, fresh = tmp_path / "d" / "c.bin.1-2-ab.tmp", tmp_path / "e" / "x.bin.3-4-cd.tmp"
+    for p in (stale, fresh):
+        p.parent.mkdir(exist_ok=True)
+        p.write_bytes(b"partial")
+    old = time.time() - C.STALE_TEMP_SECONDS - 60
+    os.utime(stale, (old, old))
+    assert C.sweep_stale_temps(str(tmp_path)) == 1
+    assert not stale.exists() and fresh.exists() and chunk.exists()

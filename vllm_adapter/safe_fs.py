@@ -21,39 +21,12 @@ directly, under vLLM's own ``TieringOffloadingSpec``, as ``{"type":
 "kvchunk_fs"}`` once this module is imported, or ``{"type":
 "KvchunkFileTierManager", "module_path": "vllm_adapter.safe_fs"}``).
 
-**Chunk file** (format version :data:`FORMAT_VERSION`): a :data:`HEADER_SIZE`
-(4096) byte header, then the payload (one CPU-tier row, page-aligned in the file,
-so ``O_DIRECT`` works where the directory supports it, as vLLM's tier probes).
-The header holds :data:`MAGIC`, the format version, the checksum algorithm, the
-header size, the payload length, the geometry namespace digest, a digest of the
-chunk's key (a file renamed or copied under another key fails), a 128-bit BLAKE3
-digest of the payload and a BLAKE3 digest of the header fields.
-
-*Why BLAKE3*: it is already a dependency of vLLM (pinned in both locks,
-``blake3==1.0.11``), so no new package; it is fast (about 3.2-3.6 GB/s on one core
-of an AVX2 host, as fast as zlib's CRC-32 there, faster with AVX-512) and, unlike
-a CRC, it hashes one large payload on several cores (payloads of
-:data:`MULTITHREAD_BYTES` and more); and a
-128-bit digest also catches a whole foreign or stale file of the right length,
-where a 32-bit CRC (CRC32C, as vllm#54363 proposes) lets one in 2^32 through.
-
-**Store**: header + payload go to a unique temporary name in the same directory,
-which is then ``os.replace``-d onto the chunk's name (atomic): a reader sees a
-whole file or none.  Unlike vLLM's tier, a file already at the name is replaced,
-not kept: the tier stores a chunk only when it was just computed, and a file
-there that the lookup did not reach (so was never verified) may be damaged.  Any
-failure removes the temporary file and fails the store job.
-
-**Load**: the file must be exactly ``HEADER_SIZE + payload`` bytes, its header
-must match (magic, version, algorithm, sizes, namespace, key) and its payload
-digest must equal the header's.  Otherwise the load raises :class:`ChunkFileError`
-(an ``OSError``, ``EBADMSG``) carrying ``num_succeeded``, exactly the failure
-vLLM's fs tier raises for a short file: ``FileSystemTierManager`` keeps the chunks
-before it, marks the rest a miss and the tokens are recomputed through vLLM's own
-failed-promotion path.  The bad file is deleted (``"bad_files": "delete"``, the
-default) or moved to ``<namespace>/quarantine/`` (``"quarantine"``), unless a
-writer replaced it in the meantime, so the recomputed chunk is stored again and
-the next request is served from the new file.
+**Chunk files** (:mod:`vllm_adapter.chunk_file`): a 4 KiB header (format
+version, checksum algorithm, payload length, namespace and key digests, a 128-bit
+BLAKE3 digest of the payload), then the payload; written atomically (temporary
+name, then rename); a file that fails any check is a failed load, recomputed
+through vLLM's own failed-promotion path, and deleted or quarantined.  A tier
+sweeps temporary files a dead writer left behind when it starts.
 
 **Namespace**: files live under ``<root_dir>/kvchunk-v<version>-<digest>/``, the
 digest (BLAKE3, 128 bits) of :func:`geometry`: the model, KV dtype, KV cache
@@ -78,22 +51,33 @@ file before the rename; off by default, as vLLM's tier).  Every bad value is a
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
-import mmap
 import os
-import struct
 import threading
-from collections import Counter, deque
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 from typing import Any
-
-import blake3
 
 from vllm_adapter import names
 from vllm_adapter import vllm_api as V
+from vllm_adapter.chunk_file import (
+    BAD_FILE_POLICIES,
+    CHECKSUM,
+    FORMAT_VERSION,
+    HEADER_SIZE,
+    MAGIC,
+    QUARANTINE_DIR,
+    ChunkFileError,
+    ChunkIO,
+    TierCounters,
+    batch_load_chunks,
+    batch_store_chunks,
+    digest,
+    key_digest,
+    load_chunk,
+    store_chunk,
+    sweep_stale_temps,
+)
 from vllm_adapter.tiering import ReferenceTieringOffloadingSpec
 
 __all__ = [
@@ -116,35 +100,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-MAGIC = b"KVCHUNK\x00"
-HEADER_SIZE = 4096
-"""Bytes before the payload: one page, so the payload stays page-aligned in the file."""
-CHECKSUM = "blake3"
-_CHECKSUM_ID = 1
-DIGEST_BYTES = 16
-_FIELDS = struct.Struct("<8sHHIQ16s16s16s")
-"""magic, format version, checksum id, header size, payload length, namespace, key, payload digest."""
-_HEADER_USED = _FIELDS.size + DIGEST_BYTES
 GEOMETRY_FILE = "kvchunk-geometry.json"
-QUARANTINE_DIR = "quarantine"
-BAD_FILE_POLICIES = ("delete", "quarantine")
-O_DIRECT = getattr(os, "O_DIRECT", 0)
-
-
-MULTITHREAD_BYTES = 1 << 20
-"""Payloads from this size on are hashed on all cores (BLAKE3's tree hashing), so the hash
-of one large chunk file does not serialize behind one core while its I/O waits."""
-
-
-def _digest(data: Any) -> bytes:
-    threads = blake3.blake3.AUTO if len(data) >= MULTITHREAD_BYTES else 1
-    return bytes(blake3.blake3(data, max_threads=threads).digest(DIGEST_BYTES))
-
-
-def key_digest(key: bytes) -> bytes:
-    """The 16-byte identity of an offload key a chunk file's header carries."""
-    return _digest(bytes(key))
 
 
 # ---------------------------------------------------------------------------
@@ -199,237 +155,7 @@ def geometry(spec: Any, payload_bytes: int) -> dict[str, Any]:
 
 def namespace_digest(fields: Mapping[str, Any]) -> bytes:
     """BLAKE3 (16 bytes) of the canonical JSON of :func:`geometry`'s fields."""
-    return _digest(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode())
-
-
-# ---------------------------------------------------------------------------
-# One chunk file
-# ---------------------------------------------------------------------------
-
-
-class ChunkFileError(OSError):
-    """A chunk file that is not a whole, intact file of this namespace and key (``EBADMSG``)."""
-
-    def __init__(self, path: str, why: str) -> None:
-        super().__init__(errno.EBADMSG, f"bad chunk file ({why})", path)
-        self.why = why
-
-
-@dataclass
-class TierCounters:
-    """What a :class:`KvchunkFileTierManager` did (thread-safe; for metrics and the lanes)."""
-
-    files_stored: int = 0
-    files_loaded: int = 0
-    store_failures: int = 0
-    load_failures: int = 0
-    bad_files: Counter[str] = field(default_factory=Counter)
-    """Why files failed verification (``size``, ``header``, ``checksum``, ...)."""
-    bad_files_removed: int = 0
-    recent_bad: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=256))
-    """The last 256 bad files seen: ``(path, why)``."""
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, **counts: int) -> None:
-        with self._lock:
-            for name, n in counts.items():
-                setattr(self, name, getattr(self, name) + n)
-
-    def bad(self, path: str, why: str) -> None:
-        with self._lock:
-            self.bad_files[why] += 1
-            self.recent_bad.append((path, why))
-
-    def bad_paths(self) -> list[str]:
-        with self._lock:
-            return [p for p, _ in self.recent_bad]
-
-
-@dataclass(frozen=True)
-class ChunkIO:
-    """How a tier's files are written and checked."""
-
-    namespace: bytes
-    o_direct: bool = False
-    fsync: bool = False
-    bad_files: str = "delete"
-    quarantine_dir: str | None = None
-    counters: TierCounters = field(default_factory=TierCounters)
-
-
-_local = threading.local()
-
-
-def _header_page() -> mmap.mmap:
-    """This thread's page-aligned header buffer (``O_DIRECT`` needs aligned memory)."""
-    page = getattr(_local, "page", None)
-    if page is None:
-        # Private: an anonymous mmap is shared by default, and a forked child would
-        # then write its headers into its parent's buffer.
-        page = mmap.mmap(-1, HEADER_SIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        _local.page = page
-    return page
-
-
-def encode_header(page: Any, payload: memoryview, key_id: bytes, namespace: bytes) -> None:
-    """Write the header of ``payload`` into the first bytes of ``page`` (the rest stays zero)."""
-    fields = _FIELDS.pack(
-        MAGIC, FORMAT_VERSION, _CHECKSUM_ID, HEADER_SIZE, len(payload), namespace, key_id,
-        _digest(payload),
-    )
-    page[: _FIELDS.size] = fields
-    page[_FIELDS.size : _HEADER_USED] = _digest(fields)
-
-
-def check_header(path: str, page: Any, payload_len: int, key_id: bytes, namespace: bytes) -> bytes:
-    """The payload digest of a header that matches; :class:`ChunkFileError` otherwise."""
-    fields = bytes(page[: _FIELDS.size])
-    if _digest(fields) != bytes(page[_FIELDS.size : _HEADER_USED]):
-        raise ChunkFileError(path, "header")
-    magic, version, algo, hsize, plen, ns, kid, digest = _FIELDS.unpack(fields)
-    if magic != MAGIC or version != FORMAT_VERSION or algo != _CHECKSUM_ID or hsize != HEADER_SIZE:
-        raise ChunkFileError(path, "format")
-    if plen != payload_len:
-        raise ChunkFileError(path, "length")
-    if ns != namespace:
-        raise ChunkFileError(path, "namespace")
-    if kid != key_id:
-        raise ChunkFileError(path, "key")
-    return bytes(digest)
-
-
-def _write_all(fd: int, buffers: list[memoryview]) -> None:
-    """``writev`` until every byte is written; a write that makes no progress is ``ENOSPC``."""
-    while buffers:
-        n = os.writev(fd, buffers)
-        if n <= 0:
-            raise OSError(errno.ENOSPC, "write made no progress")
-        while buffers and n >= len(buffers[0]):
-            n -= len(buffers[0])
-            buffers.pop(0)
-        if buffers and n:
-            buffers[0] = buffers[0][n:]
-
-
-def store_chunk(path: str, payload: memoryview, key_id: bytes, io: ChunkIO) -> None:
-    """Write one chunk file atomically (replacing any file at ``path``: a freshly computed
-    chunk is never second to a file that may be damaged and was never read)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}-{threading.get_ident()}-{os.urandom(4).hex()}.tmp"
-    page = _header_page()
-    encode_header(page, payload, key_id, io.namespace)
-    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | (O_DIRECT if io.o_direct else 0)
-    try:
-        fd = os.open(tmp, flags, 0o644)
-        try:
-            _write_all(fd, [memoryview(page), payload])
-            if io.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
-
-
-def _discard(path: str, st: os.stat_result, io: ChunkIO) -> None:
-    """Delete or quarantine a bad file, unless a writer has replaced it since it was opened."""
-    try:
-        now = os.stat(path)
-        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
-            return
-        if io.bad_files == "quarantine" and io.quarantine_dir is not None:
-            os.makedirs(io.quarantine_dir, exist_ok=True)
-            name = f"{os.path.basename(path)}.{st.st_ino}.bad"
-            os.replace(path, os.path.join(io.quarantine_dir, name))
-        else:
-            os.remove(path)
-        io.counters.add(bad_files_removed=1)
-    except OSError as exc:
-        logger.warning("kvchunk fs tier: could not remove bad chunk file %s: %s", path, exc)
-
-
-def load_chunk(path: str, dest: memoryview, key_id: bytes, io: ChunkIO) -> None:
-    """Read and verify one chunk file into ``dest``; :class:`ChunkFileError` if it is bad.
-
-    ``dest`` may hold some of the file's bytes after a failure (the caller's load
-    job fails, so they are never used).
-    """
-    fd = os.open(path, os.O_RDONLY | (O_DIRECT if io.o_direct else 0))
-    st = os.fstat(fd)
-    try:
-        expected = HEADER_SIZE + len(dest)
-        if st.st_size != expected:
-            raise ChunkFileError(path, "size")
-        page = _header_page()
-        if os.readv(fd, [page, dest]) != expected:
-            raise ChunkFileError(path, "size")
-        digest = check_header(path, page, len(dest), key_id, io.namespace)
-        if _digest(dest) != digest:
-            raise ChunkFileError(path, "checksum")
-    except ChunkFileError as exc:
-        io.counters.bad(path, exc.why)
-        logger.warning("kvchunk fs tier: %s: %s; the chunk is recomputed", path, exc.strerror)
-        _discard(path, st, io)
-        raise
-    finally:
-        os.close(fd)
-
-
-def _slices(view: memoryview, offsets: Sequence[int], size: int) -> list[memoryview]:
-    flat = view.cast("B")
-    for off in offsets:
-        if off < 0 or off + size > len(flat):
-            raise ValueError(f"chunk offset {off} (+{size}) is outside a {len(flat)}-byte region")
-    return [flat[off : off + size] for off in offsets]
-
-
-def batch_store_chunks(
-    paths: Sequence[str],
-    key_ids: Sequence[bytes],
-    view: memoryview,
-    offsets: Sequence[int],
-    size: int,
-    io: ChunkIO,
-) -> None:
-    """Store a job's chunks (region rows at ``offsets``); raises on the first error."""
-    for path, kid, payload in zip(paths, key_ids, _slices(view, offsets, size), strict=True):
-        store_chunk(path, payload, kid, io)
-        io.counters.add(files_stored=1)
-
-
-def batch_load_chunks(
-    paths: Sequence[str],
-    key_ids: Sequence[bytes],
-    view: memoryview,
-    offsets: Sequence[int],
-    size: int,
-    io: ChunkIO,
-) -> None:
-    """Load a job's chunks; on failure the ``OSError`` carries ``num_succeeded``
-    (the chunks loaded before the first failing one), as vLLM's ``batch_load_block``.
-
-    After a failure the job's remaining files are still read and verified (and
-    discarded when bad), though vLLM will not use them: a bad file is never
-    left behind unread, so a later request does not fail on it again.
-    """
-    first: OSError | None = None
-    for i, (path, kid, dest) in enumerate(
-        zip(paths, key_ids, _slices(view, offsets, size), strict=True)
-    ):
-        try:
-            load_chunk(path, dest, kid, io)
-        except OSError as exc:
-            if first is None:
-                exc.num_succeeded = i  # type: ignore[attr-defined]
-                first = exc
-            continue
-        if first is None:
-            io.counters.add(files_loaded=1)
-    if first is not None:
-        raise first
+    return digest(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode())
 
 
 # ---------------------------------------------------------------------------
@@ -528,6 +254,17 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
             counters=self.counters,
         )
         _write_json_once(os.path.join(self.namespace_dir, GEOMETRY_FILE), fields)
+        self.sweeper = threading.Thread(
+            target=self._sweep, name="kvchunk-fs-sweep", daemon=True
+        )
+        """Removes the temporary files dead writers left in this namespace, once, at start."""
+        self.sweeper.start()
+
+    def _sweep(self) -> None:
+        try:
+            self.counters.add(stale_temps_removed=sweep_stale_temps(self.namespace_dir))
+        except OSError as exc:
+            logger.warning("kvchunk fs tier: sweeping %s failed: %s", self.namespace_dir, exc)
 
     def _paths(self, keys: Iterable[Any]) -> tuple[list[str], list[bytes]]:
         keys = list(keys)

@@ -117,6 +117,9 @@ def _round_trip(
 def _no_wrong_bytes(rt: T.RoundTrip, record_property: Any) -> str:
     T.record(rt, record_property)
     stats = rt.stats
+    record_property("counter:tier_wrong_loads", stats.corrupted_loads)
+    record_property("counter:tier_failed_loads", len(rt.probe.load_failures))
+    record_property("counter:tier_unfinished_requests", sum(not f for f in rt.finished.values()))
     summary = (
         f"{stats.describe()}; files {rt.files_after_store}; read {rt.probe.read_per_group()}; "
         f"load failures {rt.probe.load_failures[:2]}; store failures {rt.probe.store_failures[:2]}"

@@ -1,0 +1,478 @@
+"""The chunk file of kvchunk's file tier: its format, and how one is stored and loaded.
+
+**Chunk file** (format version :data:`FORMAT_VERSION`): a :data:`HEADER_SIZE`
+(4096) byte header, then the payload (one CPU-tier row, page-aligned in the file,
+so ``O_DIRECT`` works where the directory supports it, as vLLM's tier probes).
+The header holds :data:`MAGIC`, the format version, the checksum algorithm, the
+header size, the payload length, the geometry namespace digest, a digest of the
+chunk's key (a file renamed or copied under another key fails), a 128-bit BLAKE3
+digest of the payload and a BLAKE3 digest of the header fields.
+
+*Why BLAKE3*: it is already a dependency of vLLM (pinned in both locks,
+``blake3==1.0.11``), so no new package; it is fast (about 3.2-3.6 GB/s on one core
+of an AVX2 host, as fast as zlib's CRC-32 there, faster with AVX-512) and, unlike
+a CRC, it hashes one large payload on several cores (payloads of
+:data:`MULTITHREAD_BYTES` and more); and a
+128-bit digest also catches a whole foreign or stale file of the right length,
+where a 32-bit CRC (CRC32C, as vllm#54363 proposes) lets one in 2^32 through.
+
+**Store**: header + payload go to a unique temporary name in the same directory,
+which is then ``os.replace``-d onto the chunk's name (atomic): a reader sees a
+whole file or none (a temporary file a crash left behind is swept by
+:func:`sweep_stale_temps` when a tier starts).  Unlike vLLM's tier, a file already at the name is replaced,
+not kept: the tier stores a chunk only when it was just computed, and a file
+there that the lookup did not reach (so was never verified) may be damaged.  Any
+failure removes the temporary file and fails the store job.
+
+**Load**: the file must be exactly ``HEADER_SIZE + payload`` bytes, its header
+must match (magic, version, algorithm, sizes, namespace, key) and its payload
+digest must equal the header's.  Otherwise the load raises :class:`ChunkFileError`
+(an ``OSError``, ``EBADMSG``) carrying ``num_succeeded``, exactly the failure
+vLLM's fs tier raises for a short file: ``FileSystemTierManager`` keeps the chunks
+before it, marks the rest a miss and the tokens are recomputed through vLLM's own
+failed-promotion path.  The bad file is deleted (``"bad_files": "delete"``, the
+default) or moved to ``<namespace>/quarantine/`` (``"quarantine"``), unless a
+writer replaced it in the meantime, so the recomputed chunk is stored again and
+the next request is served from the new file.
+
+**Hashing beside the I/O**: a payload of :data:`OVERLAP_BYTES` or more is
+hashed on a second thread while the I/O thread moves its bytes: on store the
+payload is written at ``HEADER_SIZE`` while it is hashed, then the header; on
+load the header is read and checked first, then the payload is read in
+:data:`SEGMENT_BYTES` segments, each hashed (in order, BLAKE3 is incremental)
+while the next is read.  A file costs about the larger of its I/O and its hash,
+not their sum (``nox -s bench``, ``disk_checksum`` rows).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import mmap
+import os
+import queue
+import struct
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import blake3
+
+__all__ = [
+    "BAD_FILE_POLICIES",
+    "CHECKSUM",
+    "FORMAT_VERSION",
+    "HEADER_SIZE",
+    "MAGIC",
+    "OVERLAP_BYTES",
+    "QUARANTINE_DIR",
+    "SEGMENT_BYTES",
+    "STALE_TEMP_SECONDS",
+    "ChunkFileError",
+    "ChunkIO",
+    "TierCounters",
+    "batch_load_chunks",
+    "batch_store_chunks",
+    "digest",
+    "key_digest",
+    "load_chunk",
+    "store_chunk",
+    "sweep_stale_temps",
+]
+
+logger = logging.getLogger("vllm_adapter.safe_fs")
+
+FORMAT_VERSION = 1
+MAGIC = b"KVCHUNK\x00"
+HEADER_SIZE = 4096
+"""Bytes before the payload: one page, so the payload stays page-aligned in the file."""
+CHECKSUM = "blake3"
+_CHECKSUM_ID = 1
+DIGEST_BYTES = 16
+_FIELDS = struct.Struct("<8sHHIQ16s16s16s")
+"""magic, format version, checksum id, header size, payload length, namespace, key, payload digest."""
+_HEADER_USED = _FIELDS.size + DIGEST_BYTES
+QUARANTINE_DIR = "quarantine"
+BAD_FILE_POLICIES = ("delete", "quarantine")
+O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+MULTITHREAD_BYTES = 1 << 20
+"""Payloads from this size on are hashed on all cores (BLAKE3's tree hashing), so the hash
+of one large chunk file does not serialize behind one core while its I/O waits."""
+
+
+OVERLAP_BYTES = 1 << 20
+"""Payloads from this size on are hashed on a second thread, beside their I/O."""
+SEGMENT_BYTES = 8 << 20
+"""A load reads this much of the payload while the segment before it is hashed."""
+TEMP_SUFFIX = ".tmp"
+STALE_TEMP_SECONDS = 15 * 60
+"""A temporary file this old was left by a writer that died (a write takes seconds)."""
+
+
+def _hasher(size: int) -> Any:
+    return blake3.blake3(max_threads=blake3.blake3.AUTO if size >= MULTITHREAD_BYTES else 1)
+
+
+def digest(data: Any) -> bytes:
+    """BLAKE3 of ``data``, 16 bytes (all cores for :data:`MULTITHREAD_BYTES` and more)."""
+    h = _hasher(len(data))
+    h.update(data)
+    return bytes(h.digest(DIGEST_BYTES))
+
+
+
+def key_digest(key: bytes) -> bytes:
+    """The 16-byte identity of an offload key a chunk file's header carries."""
+    return digest(bytes(key))
+
+
+
+# ---------------------------------------------------------------------------
+# One chunk file
+# ---------------------------------------------------------------------------
+
+
+class ChunkFileError(OSError):
+    """A chunk file that is not a whole, intact file of this namespace and key (``EBADMSG``)."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(errno.EBADMSG, f"bad chunk file ({why})", path)
+        self.why = why
+
+
+@dataclass
+class TierCounters:
+    """What a :class:`KvchunkFileTierManager` did (thread-safe; for metrics and the lanes)."""
+
+    files_stored: int = 0
+    files_loaded: int = 0
+    store_failures: int = 0
+    load_failures: int = 0
+    bad_files: Counter[str] = field(default_factory=Counter)
+    """Why files failed verification (``size``, ``header``, ``checksum``, ...)."""
+    bad_files_removed: int = 0
+    stale_temps_removed: int = 0
+    """Temporary files of dead writers removed when the tier started."""
+    recent_bad: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=256))
+    """The last 256 bad files seen: ``(path, why)``."""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
+
+    def bad(self, path: str, why: str) -> None:
+        with self._lock:
+            self.bad_files[why] += 1
+            self.recent_bad.append((path, why))
+
+    def bad_paths(self) -> list[str]:
+        with self._lock:
+            return [p for p, _ in self.recent_bad]
+
+
+@dataclass(frozen=True)
+class ChunkIO:
+    """How a tier's files are written and checked."""
+
+    namespace: bytes
+    o_direct: bool = False
+    fsync: bool = False
+    bad_files: str = "delete"
+    quarantine_dir: str | None = None
+    counters: TierCounters = field(default_factory=TierCounters)
+
+
+_local = threading.local()
+
+
+def _header_page() -> mmap.mmap:
+    """This thread's page-aligned header buffer (``O_DIRECT`` needs aligned memory)."""
+    page = getattr(_local, "page", None)
+    if page is None:
+        # Private: an anonymous mmap is shared by default, and a forked child would
+        # then write its headers into its parent's buffer.
+        page = mmap.mmap(-1, HEADER_SIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        _local.page = page
+    return page
+
+
+def encode_header(
+    page: Any, payload_len: int, payload_digest: bytes, key_id: bytes, namespace: bytes
+) -> None:
+    """Write a payload's header into the first bytes of ``page`` (the rest stays zero)."""
+    fields = _FIELDS.pack(
+        MAGIC, FORMAT_VERSION, _CHECKSUM_ID, HEADER_SIZE, payload_len, namespace, key_id,
+        payload_digest,
+    )
+    page[: _FIELDS.size] = fields
+    page[_FIELDS.size : _HEADER_USED] = digest(fields)
+
+
+def check_header(path: str, page: Any, payload_len: int, key_id: bytes, namespace: bytes) -> bytes:
+    """The payload digest of a header that matches; :class:`ChunkFileError` otherwise."""
+    fields = bytes(page[: _FIELDS.size])
+    if digest(fields) != bytes(page[_FIELDS.size : _HEADER_USED]):
+        raise ChunkFileError(path, "header")
+    magic, version, algo, hsize, plen, ns, kid, payload_digest = _FIELDS.unpack(fields)
+    if magic != MAGIC or version != FORMAT_VERSION or algo != _CHECKSUM_ID or hsize != HEADER_SIZE:
+        raise ChunkFileError(path, "format")
+    if plen != payload_len:
+        raise ChunkFileError(path, "length")
+    if ns != namespace:
+        raise ChunkFileError(path, "namespace")
+    if kid != key_id:
+        raise ChunkFileError(path, "key")
+    return bytes(payload_digest)
+
+
+def _write_all(fd: int, buffers: list[memoryview]) -> None:
+    """``writev`` until every byte is written; a write that makes no progress is ``ENOSPC``."""
+    while buffers:
+        n = os.writev(fd, buffers)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, "write made no progress")
+        while buffers and n >= len(buffers[0]):
+            n -= len(buffers[0])
+            buffers.pop(0)
+        if buffers and n:
+            buffers[0] = buffers[0][n:]
+
+
+class _Beside:
+    """A hashing thread of the calling I/O thread: ``update`` calls run there, in order."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.todo: queue.SimpleQueue[tuple[Any, Any]] = queue.SimpleQueue()
+        self.done: queue.SimpleQueue[bytes | BaseException | None] = queue.SimpleQueue()
+        self.pending = 0
+        threading.Thread(target=self._run, name="kvchunk-fs-hash", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            h, data = self.todo.get()
+            try:
+                if data is None:
+                    self.done.put(bytes(h.digest(DIGEST_BYTES)))
+                else:
+                    h.update(data)
+                    self.done.put(None)
+            except BaseException as exc:  # handed to the I/O thread, which raises it
+                self.done.put(exc)
+
+    def update(self, h: Any, data: Any) -> None:
+        self.todo.put((h, data))
+        self.pending += 1
+
+    def result(self, h: Any) -> bytes:
+        """The digest, once every update before it ran (raises what a failed step raised)."""
+        self.update(h, None)
+        outs = [self.done.get() for _ in range(self.pending)]
+        self.pending = 0
+        for out in outs:
+            if isinstance(out, BaseException):
+                raise out
+        assert isinstance(outs[-1], bytes)
+        return outs[-1]
+
+    @staticmethod
+    def get() -> _Beside:
+        """This thread's hashing thread (a forked child starts its own)."""
+        beside: _Beside | None = getattr(_local, "beside", None)
+        if beside is None or beside.pid != os.getpid():
+            beside = _local.beside = _Beside()
+        return beside
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, "write made no progress")
+        data, offset = data[n:], offset + n
+
+
+def _write_file(fd: int, payload: memoryview, key_id: bytes, namespace: bytes) -> None:
+    """Header and payload into ``fd``; a large payload is hashed while it is written."""
+    page = _header_page()
+    if len(payload) < OVERLAP_BYTES:
+        encode_header(page, len(payload), digest(payload), key_id, namespace)
+        _write_all(fd, [memoryview(page), payload])
+        return
+    beside, h = _Beside.get(), _hasher(len(payload))
+    beside.update(h, payload)
+    _pwrite_all(fd, payload, HEADER_SIZE)
+    encode_header(page, len(payload), beside.result(h), key_id, namespace)
+    _pwrite_all(fd, memoryview(page), 0)
+
+
+def store_chunk(path: str, payload: memoryview, key_id: bytes, io: ChunkIO) -> None:
+    """Write one chunk file atomically (replacing any file at ``path``: a freshly computed
+    chunk is never second to a file that may be damaged and was never read)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}-{threading.get_ident()}-{os.urandom(4).hex()}{TEMP_SUFFIX}"
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | (O_DIRECT if io.o_direct else 0)
+    try:
+        fd = os.open(tmp, flags, 0o644)
+        try:
+            _write_file(fd, payload, key_id, io.namespace)
+            if io.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def sweep_stale_temps(root: str, older_than: float = STALE_TEMP_SECONDS) -> int:
+    """Remove temporary files under ``root`` last written more than ``older_than`` seconds
+    ago (left by a writer that crashed or was killed); returns how many.  A temporary
+    file is never read as a chunk, so this only reclaims space."""
+    removed, cutoff = 0, time.time() - older_than
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            if not name.endswith(TEMP_SUFFIX):
+                continue
+            path = os.path.join(dirpath, name)
+            with contextlib.suppress(OSError):
+                if os.stat(path).st_mtime < cutoff:
+                    os.remove(path)
+                    removed += 1
+    return removed
+
+
+def _discard(path: str, st: os.stat_result, io: ChunkIO) -> None:
+    """Delete or quarantine a bad file, unless a writer has replaced it since it was opened."""
+    try:
+        now = os.stat(path)
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            return
+        if io.bad_files == "quarantine" and io.quarantine_dir is not None:
+            os.makedirs(io.quarantine_dir, exist_ok=True)
+            name = f"{os.path.basename(path)}.{st.st_ino}.bad"
+            os.replace(path, os.path.join(io.quarantine_dir, name))
+        else:
+            os.remove(path)
+        io.counters.add(bad_files_removed=1)
+    except OSError as exc:
+        logger.warning("kvchunk fs tier: could not remove bad chunk file %s: %s", path, exc)
+
+
+def _pread_all(fd: int, dest: memoryview, offset: int) -> None:
+    while dest:
+        n = os.preadv(fd, [dest], offset)
+        if n <= 0:
+            raise ChunkFileError("", "size")
+        dest, offset = dest[n:], offset + n
+
+
+def _read_payload(fd: int, dest: memoryview) -> bytes:
+    """Read the payload into ``dest``; its digest (a large one hashed while it is read)."""
+    if len(dest) < OVERLAP_BYTES:
+        _pread_all(fd, dest, HEADER_SIZE)
+        return digest(dest)
+    beside, h = _Beside.get(), _hasher(len(dest))
+    try:
+        for start in range(0, len(dest), SEGMENT_BYTES):
+            segment = dest[start : start + SEGMENT_BYTES]
+            _pread_all(fd, segment, HEADER_SIZE + start)
+            beside.update(h, segment)
+    finally:
+        payload_digest = beside.result(h)  # the hashing thread is idle again either way
+    return payload_digest
+
+
+def load_chunk(path: str, dest: memoryview, key_id: bytes, io: ChunkIO) -> None:
+    """Read and verify one chunk file into ``dest``; :class:`ChunkFileError` if it is bad.
+
+    The header is checked before the payload is read.  ``dest`` may hold some of
+    the file's bytes after a failure (the caller's load job fails, so they are
+    never used).
+    """
+    fd = os.open(path, os.O_RDONLY | (O_DIRECT if io.o_direct else 0))
+    st = os.fstat(fd)
+    try:
+        if st.st_size != HEADER_SIZE + len(dest):
+            raise ChunkFileError(path, "size")
+        page = _header_page()
+        if os.preadv(fd, [page], 0) != HEADER_SIZE:
+            raise ChunkFileError(path, "size")
+        expected = check_header(path, page, len(dest), key_id, io.namespace)
+        try:
+            payload_digest = _read_payload(fd, dest)
+        except ChunkFileError as exc:
+            raise ChunkFileError(path, exc.why) from None
+        if payload_digest != expected:
+            raise ChunkFileError(path, "checksum")
+    except ChunkFileError as exc:
+        io.counters.bad(path, exc.why)
+        logger.warning("kvchunk fs tier: %s: %s; the chunk is recomputed", path, exc.strerror)
+        _discard(path, st, io)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _slices(view: memoryview, offsets: Sequence[int], size: int) -> list[memoryview]:
+    flat = view.cast("B")
+    for off in offsets:
+        if off < 0 or off + size > len(flat):
+            raise ValueError(f"chunk offset {off} (+{size}) is outside a {len(flat)}-byte region")
+    return [flat[off : off + size] for off in offsets]
+
+
+def batch_store_chunks(
+    paths: Sequence[str],
+    key_ids: Sequence[bytes],
+    view: memoryview,
+    offsets: Sequence[int],
+    size: int,
+    io: ChunkIO,
+) -> None:
+    """Store a job's chunks (region rows at ``offsets``); raises on the first error."""
+    for path, kid, payload in zip(paths, key_ids, _slices(view, offsets, size), strict=True):
+        store_chunk(path, payload, kid, io)
+        io.counters.add(files_stored=1)
+
+
+def batch_load_chunks(
+    paths: Sequence[str],
+    key_ids: Sequence[bytes],
+    view: memoryview,
+    offsets: Sequence[int],
+    size: int,
+    io: ChunkIO,
+) -> None:
+    """Load a job's chunks; on failure the ``OSError`` carries ``num_succeeded``
+    (the chunks loaded before the first failing one), as vLLM's ``batch_load_block``.
+
+    After a failure the job's remaining files are still read and verified (and
+    discarded when bad), though vLLM will not use them: a bad file is never
+    left behind unread, so a later request does not fail on it again.
+    """
+    first: OSError | None = None
+    for i, (path, kid, dest) in enumerate(
+        zip(paths, key_ids, _slices(view, offsets, size), strict=True)
+    ):
+        try:
+            load_chunk(path, dest, kid, io)
+        except OSError as exc:
+            if first is None:
+                exc.num_succeeded = i  # type: ignore[attr-defined]
+                first = exc
+            continue
+        if first is None:
+            io.counters.add(files_loaded=1)
+    if first is not None:
+        raise first
