@@ -101,6 +101,19 @@ def serve_install(session: nox.Session, vllm: str) -> None:
 
 
 @nox.session(python=PYTHON)
+@nox.parametrize("vllm", VLLM_VERSIONS)
+def corpus(session: nox.Session, vllm: str) -> None:
+    """Regenerate the golden corpus (``conformance/corpus/data/vllm-<release>.jsonl``).
+
+    Deterministic (the same bytes on a rerun); ``nox -s corpus -- check`` compares
+    instead of writing (CI runs that check in the conformance session's plan lane).
+    """
+    _install(session, vllm)
+    session.run("python", "-m", "conformance.corpus", *(session.posargs or ["generate"]),
+                env=_env(vllm))
+
+
+@nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Throughput benchmarks (pytest-benchmark) on the newest vLLM; non-zero when a target is missed."""
     vllm = VLLM_VERSIONS[-1]

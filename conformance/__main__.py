@@ -1,4 +1,5 @@
-"""``python -m conformance [--backend module:object] [pytest args...]``.
+"""``python -m conformance [--backend module:object] [--vllm-rules RELEASE] [--require-cuda]
+[--spec module:Class] [pytest args...]``.
 
 Runs every lane against the installed vLLM, prints the fixture x knob x lane
 table and writes, for that release:
@@ -9,12 +10,14 @@ table and writes, for that release:
 
 then rewrites ``reports/conformance.md``: the "What changed" section (every
 release whose answers are in ``reports/``, side by side) followed by the newest
-release's report.
+release's report.  ``$KVCHUNK_REPORTS_DIR`` sends all of it to another folder.
+A vLLM that is not a known release runs a known release's rules (the report's
+first line says whose); a usage error (``--require-cuda`` without CUDA, an unknown
+``--vllm-rules``) writes no report.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import platform
@@ -24,18 +27,18 @@ from pathlib import Path
 import pytest
 
 from conformance.report import ConformanceReport
-from conformance.versions import CHANGES, RELEASES, UNMEASURED, rules_for
+from conformance.spec_option import header_line as spec_header_line
+from conformance.versions import CHANGES, RELEASES, UNMEASURED, rules_line
+from vllm_adapter.releases import installed_version
 from vllm_adapter.render import render_table
 
 ROOT = Path(__file__).resolve().parent.parent
-REPORTS = ROOT / "reports"
+REPORTS = Path(os.environ.get("KVCHUNK_REPORTS_DIR") or ROOT / "reports")
+"""Where reports go: ``reports/`` unless ``$KVCHUNK_REPORTS_DIR`` names another folder."""
 
 
 def _vllm_version() -> str:
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return "none"
+    return installed_version() or "none"
 
 
 def _deviations_section() -> str:
@@ -74,9 +77,9 @@ def what_changed(answers: dict[str, dict[str, str]]) -> str:
         [(f"`{u.id}`", u.change, u.why_not_measured) for u in UNMEASURED],
     )
     policies = "\n".join(
-        f"* vLLM {v}: `{rules_for(v).policy.last_token.value}` last-token rule, "
-        f"`{rules_for(v).policy.null_blocks_in_store.value}` null blocks, "
-        f"reload after a failed load: {rules_for(v).policy.reload_after_failed_load}"
+        f"* vLLM {v}: `{RELEASES[v].policy.last_token.value}` last-token rule, "
+        f"`{RELEASES[v].policy.null_blocks_in_store.value}` null blocks, "
+        f"reload after a failed load: {RELEASES[v].policy.reload_after_failed_load}"
         for v in sorted(RELEASES, key=_version_key)
     )
     return (
@@ -107,15 +110,20 @@ def main(argv: list[str]) -> int:
         *argv,
     ]
     code = pytest.main(args, plugins=[plugin])
+    if code == pytest.ExitCode.USAGE_ERROR:  # e.g. --require-cuda without CUDA: no report
+        return int(code)
     try:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu only (no CUDA)"
     except ImportError:  # pragma: no cover
         device = "unknown"
-    known = "" if rules_for(version).known else " (no rules row: runs the newest known release's)"
+    line = rules_line(version) if version != "none" else None
+    spec = spec_header_line()
     header = (
-        f"vLLM {version}{known}, profile `{os.environ.get('KVCHUNK_PROFILE', 'ci')}`, python "
+        (f"{line}.\n\n" if line else "")
+        + (f"{spec}.\n\n" if spec else "")
+        + f"vLLM {version}, profile `{os.environ.get('KVCHUNK_PROFILE', 'ci')}`, python "
         f"{platform.python_version()}, device: {device}, exit status {int(code)}."
     )
     per_version = REPORTS / f"conformance-{version}.md"

@@ -161,10 +161,3 @@ CASES: tuple[Case, ...] = (
 def config_cases() -> list[Case]:
     """The config lane: every fixture vLLM plans, with every knob of :data:`CONFIG_KNOBS`."""
     return [Case(f.name, k) for f in FIXTURES if f.vllm_plans for k in CONFIG_KNOBS]
-
-
-def bench_knobs() -> list[Knob]:
-    """The benchmarks' knobs: ``blocks_per_chunk`` 1..32, then ``block_size`` 256/512/1024."""
-    return [Knob.of(blocks_per_chunk=b) for b in BENCH_BLOCKS_PER_CHUNK] + [
-        Knob.of(block_size=t) for t in BENCH_BLOCK_SIZES
-    ]

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from vllm_adapter import vllm_api as V
+from conformance import vllm_harness_api as V
 
 __all__ = [
     "DataStats",
@@ -495,6 +495,47 @@ class SyntheticModelRunner:
             cursor += n
         return out
 
+    @staticmethod
+    def _blocks_per_chunk(session: Any) -> int:
+        """The offloading spec's ``blocks_per_chunk`` (0 when the worker connector has none)."""
+        spec = getattr(session.worker_connector.connector_worker, "spec", None)
+        return int(getattr(spec, "blocks_per_chunk", 0) or 0)
+
+    def _chunks(self, tj: Any, bpc: int) -> dict[int, tuple[int, list[int]]]:
+        """Group id -> (the request's chunk index of the job's first block in that group, the
+        CPU chunk ids the job's ``src_spec`` lists for that group, in order); empty when the
+        spec's chunks do not add up (then failures name positions only)."""
+        ids = [int(c) for c in getattr(tj.src_spec, "block_ids", ())]
+        out: dict[int, tuple[int, list[int]]] = {}
+        cursor = 0
+        if bpc <= 0:
+            return out
+        for gid, _, positions in self._job_blocks(tj.dst_spec):
+            lo, hi = positions[0] // bpc, positions[-1] // bpc
+            out[gid] = (lo, ids[cursor : cursor + hi - lo + 1])
+            cursor += hi - lo + 1
+        return out if cursor == len(ids) else {}
+
+    def _where(self, chunks: dict[int, tuple[int, list[int]]], gid: int, position: int,
+               bpc: int) -> str:
+        """``request chunk <index> (CPU chunk <id>), `` of a block, when known."""
+        if gid not in chunks or bpc <= 0:
+            return ""
+        first, ids = chunks[gid]
+        k = position // bpc - first
+        cpu = f" (CPU chunk {ids[k]})" if 0 <= k < len(ids) else ""
+        return f"request chunk {position // bpc}{cpu}, "
+
+    def _whose(
+        self, layer: LayerPages, block_id: int, positions: list[int], hashes: list[int]
+    ) -> str:
+        """`` (those of block index j)`` when the block holds another loaded position's bytes."""
+        row = layer.data[block_id]
+        for j, h in zip(positions, hashes, strict=True):
+            if torch.equal(row, layer.rows([j], [h])[0]):
+                return f" (those of block index {j})"
+        return ""
+
     def _fail(self, text: str) -> None:
         if len(self.stats.failures) < self.max_failures:
             self.stats.failures.append(text)
@@ -507,6 +548,8 @@ class SyntheticModelRunner:
             self.stats.load_jobs += 1
             tokens = session.scheduler.requests[tj.req_id].all_token_ids
             hashes = self.hashes(tj.req_id, tokens)
+            bpc = self._blocks_per_chunk(session)
+            chunks = self._chunks(tj, bpc)
             for gid, block_ids, positions in self._job_blocks(tj.dst_spec):
                 self.stats.loaded_blocks_checked += len(block_ids)
                 per_group = self.stats.checked_per_group
@@ -532,9 +575,11 @@ class SyntheticModelRunner:
                     )
                     if bool(wrong.any()):
                         k = int(wrong.nonzero()[0])
+                        where = self._where(chunks, gid, positions[k], bpc)
                         self._fail(
-                            f"job {job_id} ({tj.req_id}) group {gid} layer {layer.name}: block "
-                            f"{block_ids[k]} at position {positions[k]} holds wrong bytes"
+                            f"job {job_id} ({tj.req_id}) {where}group {gid} layer {layer.name}: "
+                            f"GPU block {block_ids[k]} at block index {positions[k]} "
+                            f"holds wrong bytes{self._whose(layer, block_ids[k], positions, hs)}"
                         )
                     bad |= wrong
                 self.stats.corrupted_loads += int(bad.sum())

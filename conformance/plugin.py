@@ -1,4 +1,5 @@
-"""pytest plugin for the conformance lanes: ``--backend`` and shared fixtures."""
+"""pytest plugin for the conformance lanes: ``--backend``, ``--vllm-rules``,
+``--require-cuda``, ``--spec`` and shared fixtures."""
 
 from __future__ import annotations
 
@@ -15,11 +16,71 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=os.environ.get("KVCHUNK_BACKEND", "vllm"),
         help="implementation under test: vllm (default), reference, or module:object",
     )
+    parser.addoption(
+        "--vllm-rules",
+        default=os.environ.get("KVCHUNK_VLLM_RULES") or None,
+        metavar="RELEASE",
+        help="run the installed vLLM with this known release's rules and deviations "
+        "(default: its own; an unknown build uses the newest known release's); "
+        "env KVCHUNK_VLLM_RULES",
+    )
+    parser.addoption(
+        "--require-cuda",
+        action="store_true",
+        default=False,
+        help="fail at start, instead of skipping the gpu_copy and e2e lanes, when CUDA is absent",
+    )
+    parser.addoption(
+        "--spec",
+        default=os.environ.get("KVCHUNK_SPEC") or None,
+        metavar="MODULE:CLASS",
+        help="the OffloadingSpec the byte lanes (data, tiered, faults) run, e.g. "
+        "vllm_adapter.spec:ReferenceOffloadingSpec (default: kvchunk's reference specs); "
+        "env KVCHUNK_SPEC",
+    )
+
+
+def _require_cuda() -> None:
+    try:
+        import torch
+    except ImportError:
+        raise pytest.UsageError("--require-cuda: torch is not importable") from None
+    if not torch.cuda.is_available():
+        raise pytest.UsageError(
+            "--require-cuda: CUDA is not available (torch.cuda.is_available() is False); "
+            "the gpu_copy and e2e lanes cannot run here"
+        )
+
+
+def _choose_spec(value: str | None) -> None:
+    """Check ``--spec`` and hand it to every process of the run (``$KVCHUNK_SPEC``)."""
+    from conformance.spec_option import SPEC_ENV, SpecUnderTest
+
+    if not value:
+        os.environ.pop(SPEC_ENV, None)
+        return
+    try:
+        spec = SpecUnderTest.parse(value)
+        spec.load()
+    except ValueError as err:
+        raise pytest.UsageError(str(err)) from None
+    os.environ[SPEC_ENV] = str(spec)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     from hypothesis import HealthCheck, settings
 
+    from conformance.versions import RULES_ENV, check_release
+
+    rules = config.getoption("--vllm-rules")
+    if rules:
+        try:
+            os.environ[RULES_ENV] = check_release(rules)
+        except ValueError as err:
+            raise pytest.UsageError(str(err)) from None
+    if config.getoption("--require-cuda"):
+        _require_cuda()
+    _choose_spec(config.getoption("--spec"))
     checks = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
     for name, examples in (("ci", 200), ("deep", 3000), ("dev", 20)):
         settings.register_profile(name, max_examples=examples, deadline=None,
@@ -28,6 +89,33 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.load_profile(os.environ.get("KVCHUNK_PROFILE", "ci"))
     for lane in ("config", "plan", "data", "gpu_copy", "e2e", "faults", "meta"):
         config.addinivalue_line("markers", f"{lane}: conformance lane {lane}")
+
+
+def rules_line() -> str | None:
+    """The one line saying the installed vLLM runs another release's rules, if it does."""
+    from conformance.versions import rules_line as line
+    from vllm_adapter.releases import installed_version
+
+    version = installed_version()
+    return None if version is None else line(version)
+
+
+def header_lines() -> list[str]:
+    """The header's lines: another release's rules, the spec ``--spec`` chose (each if any)."""
+    from conformance.spec_option import header_line
+
+    return [line for line in (rules_line(), header_line()) if line is not None]
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return header_lines()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    header_shown = terminalreporter.showheader and not terminalreporter.no_header
+    if not header_shown:  # -q hides the header: say it once here
+        for line in header_lines():
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

@@ -169,12 +169,18 @@ class ReplayedEvictionStore(ChunkStore):
         return super().prepare_store(keys)
 
 
-def replay(trace: T.Trace, factory: PlannerFactory = reference_planner) -> list[Answer]:
-    """Feed the trace's inputs to a fresh planner; its answers, call by call."""
+def replay(
+    trace: T.Trace, factory: PlannerFactory = reference_planner, policy: Policy | None = None
+) -> list[Answer]:
+    """Feed the trace's inputs to a fresh planner; its answers, call by call.
+
+    ``policy``: the switches to plan with (the golden corpus states them); by
+    default those of the release that ran the trace (:func:`policy_of`).
+    """
     chunking = chunking_of(trace.config)
     offers = [o for r in trace.records if isinstance(r, T.BuildMeta) for o in r.store_offers]
     store = ReplayedEvictionStore(trace.config.num_cpu_chunks, offers)
-    planner = factory(chunking, store, policy_of(trace.config))
+    planner = factory(chunking, store, policy_of(trace.config) if policy is None else policy)
     out: list[Answer] = []
     next_load_id: dict[str, int] = {}
     for r in trace.records:

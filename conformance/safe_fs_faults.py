@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
 
+from conformance import spec_option
 from conformance import tiered as T
 from conformance.trace import RequestSpec
 from vllm_adapter import names
@@ -36,9 +37,12 @@ from vllm_adapter import safe_fs as S
 __all__ = [
     "FAULTS",
     "ChunkProbe",
+    "chosen_has_kvchunk_tier",
     "damage",
+    "file_bytes",
     "kill_mid_write",
     "kvchunk_tiering_spec",
+    "probe_for",
     "serve_again",
     "tier_of",
 ]
@@ -159,3 +163,19 @@ def kill_mid_write(path: Path, namespace: bytes, key_id: bytes, payload_bytes: i
     if child.exitcode != -signal.SIGKILL:
         raise RuntimeError(f"the writer was not killed (exit code {child.exitcode})")
     return sorted(p for p in path.parent.iterdir() if p.name.startswith(path.name))
+
+
+def chosen_has_kvchunk_tier() -> bool:
+    """Whether ``--spec`` chose a spec with kvchunk's file tier (a ``KvchunkTieringOffloadingSpec``)."""
+    spec = spec_option.chosen()
+    return spec is not None and issubclass(spec.load(), S.KvchunkTieringOffloadingSpec)
+
+
+def probe_for(kvchunk_tier: bool) -> T.FileProbe:
+    """The probe of the tier's file I/O: kvchunk's chunk files, or vLLM's fs tier's blocks."""
+    return ChunkProbe() if kvchunk_tier else T.FileProbe()
+
+
+def file_bytes(kvchunk_tier: bool, row: int) -> int:
+    """A whole file of the tier for a ``row``-byte CPU-tier row (kvchunk's adds its header)."""
+    return row + (S.HEADER_SIZE if kvchunk_tier else 0)

@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
+from conformance import spec_option
+from conformance import vllm_harness_api as V
 from conformance.fixture_runs import FixtureCase
 from conformance.kvdata import DataStats, SyntheticModelRunner
 from conformance.trace import RequestSpec
-from vllm_adapter import vllm_api as V
 
 __all__ = [
     "FileProbe",
@@ -178,7 +179,8 @@ class TieredCase:
         return f"{self.base.knob}, CPU tier {self.base.num_cpu_chunks} chunks + fs tier"
 
     def driver(self, root_dir: Path) -> Any:
-        return self.base.driver(spec=tiering_spec(root_dir))
+        """The case's driver: the tiering spec (``--spec``'s, if it chose one) over one fs tier."""
+        return self.base.driver(spec=spec_option.tiered_lane_entries(tiering_spec(root_dir)))
 
 
 @dataclass
@@ -285,7 +287,11 @@ def run_round_trip(
 
 
 def open_session(driver: Any, budget: int) -> tuple[Any, SyntheticModelRunner]:
-    runner = SyntheticModelRunner(driver.worker_kv_cache_config, driver.vllm_config)
+    """A session whose model runner is the synthetic one (on CUDA for a ``--spec`` whose worker
+    is vLLM's)."""
+    runner = SyntheticModelRunner(
+        driver.worker_kv_cache_config, driver.vllm_config, device=spec_option.runner_device()
+    )
     session = driver.session(model_runner=runner, max_num_batched_tokens=budget, record=False)
     return session, runner
 

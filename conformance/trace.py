@@ -459,10 +459,6 @@ def short_key(key: bytes) -> str:
     return f"g{group}:{digest[:4].hex()}"
 
 
-def short_hash(h: bytes) -> str:
-    return h[:4].hex()
-
-
 @dataclass(frozen=True)
 class Trace:
     """One run: its config, workload and the ordered connector calls."""

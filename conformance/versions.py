@@ -7,8 +7,8 @@ in ``conformance/deviations/vllm-<version>.toml`` and, where two releases
 differ, in :data:`CHANGES` (the report's "What changed" section, whose answers
 the suite measures on each release: ``conformance/lanes/test_versions.py``).
 
-One row per release; a release not listed runs the newest row's rules and the
-report says so (``rules_for(...).known`` is False).  The rows live in
+One row per release; a release not listed runs the newest row's rules (or the
+``--vllm-rules`` release's) and the report says so in one line (:func:`rules_line`).  The rows live in
 :mod:`vllm_adapter.releases` (the operator CLI needs them and may not import the
 suite); this module re-exports them.
 """
@@ -17,17 +17,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_adapter.releases import NEWEST, RELEASES, ReleaseRules, rules_for
+from vllm_adapter.releases import (
+    NEWEST,
+    RELEASES,
+    RULES_ENV,
+    ReleaseRules,
+    check_release,
+    rules_for,
+    rules_line,
+)
 
 __all__ = [
     "CHANGES",
     "NEWEST",
     "RELEASES",
+    "RULES_ENV",
     "UNMEASURED",
     "Change",
     "ReleaseRules",
     "UnmeasuredChange",
+    "check_release",
     "rules_for",
+    "rules_line",
 ]
 
 

@@ -121,7 +121,3 @@ class Geometry:
             if g.index == index:
                 return g
         raise KeyError(index)
-
-    @property
-    def tokens_per_block_set(self) -> frozenset[int]:
-        return frozenset(g.tokens_per_block for g in self.groups)

@@ -27,10 +27,6 @@ def split_key(key: bytes) -> tuple[bytes, int]:
     return key[:-GROUP_ID_BYTES], int.from_bytes(key[-GROUP_ID_BYTES:], "big")
 
 
-def num_complete_chunks(num_block_hashes: int, gc: GroupChunking) -> int:
-    return num_block_hashes // gc.hashes_per_chunk
-
-
 def chunk_key(block_hashes: Sequence[bytes], gc: GroupChunking, chunk_index: int) -> bytes:
     """Key of chunk ``chunk_index`` of the group; the chunk must be complete."""
     last = (chunk_index + 1) * gc.hashes_per_chunk - 1

@@ -13,53 +13,57 @@ conformance protocol):
 
 The rules themselves are stated once in :mod:`reference.rules`; this module
 applies them in the engine's order and keeps the engine details that module's
-docstring lists (deferral across steps, vLLM's incremental lookup, re-offered
-chunks, nulled reused blocks).  Blocks per chunk is per group throughout; with
+docstring lists (steps and in-flight transfers, re-offered chunks, nulled
+reused blocks).  Blocks per chunk is per group throughout; with
 one value for all groups each rule is vLLM 0.33.0's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import cache
 
 from reference.geometry import GroupKind
 from reference.jobs import LoadJob, StoreJob
 from reference.keys import boundary_key
 from reference.knobs import Chunking, supports_partial_tail
-from reference.mathutil import cdiv, round_down
 from reference.plan_inputs import (
-    BlockRef as BlockRef,
+    BlockRef,
+    ChunkIndex,
+    NullBlockRule,
+    Policy,
+    ScheduledRequest,
+    UnsupportedChunking,
 )
-from reference.plan_inputs import (
-    ChunkIndex as ChunkIndex,
+from reference.plan_state import (
+    GroupState,
+    JobRecord,
+    RequestState,
+    boundary_store_job,
+    load_job_of,
+    store_job_of,
+    update_keys,
 )
-from reference.plan_inputs import (  # re-exported: the planner's public inputs
-    NullBlockRule as NullBlockRule,
-)
-from reference.plan_inputs import (
-    Policy as Policy,
-)
-from reference.plan_inputs import (
-    ScheduledRequest as ScheduledRequest,
-)
-from reference.plan_inputs import (
-    UnsupportedChunking as UnsupportedChunking,
-)
-from reference.plan_state import GroupState, JobRecord, RequestState, update_keys
-from reference.rules import LastTokenRule as LastTokenRule  # re-exported: Policy's type
 from reference.rules import (
+    LastTokenRule,
     StoreState,
+    WindowRule,
     computed_after_step,
+    hit,
     hit_limit,
+    lookup_deferred,
     offered_under_prompt_horizon,
     offloadable_tokens,
     reconsider_from,
     storable_chunk_count,
     storable_chunks,
-    window_in_chunks,
 )
-from reference.rules import WindowRule as WindowRule  # re-exported: Policy's type
 from reference.store import LookupResult
+
+__all__ = [  # the planner and its public inputs (re-exported)
+    "BlockRef", "ChunkIndex", "LastTokenRule", "NullBlockRule", "Planner", "Policy",
+    "ScheduledRequest", "UnsupportedChunking", "WindowRule", "supports_partial_tail",
+]
 
 # ---------------------------------------------------------------------------
 # The planner
@@ -86,12 +90,9 @@ class Planner:
         self.store = store
         self.policy = policy
         self.num_workers = num_workers
-        full = [i for i, gc in enumerate(chunking.groups) if gc.window_in_chunks is None]
-        windowed = [i for i, gc in enumerate(chunking.groups) if gc.window_in_chunks is not None]
-        windowed.sort(key=lambda i: chunking.groups[i].window_in_chunks or 0, reverse=True)
-        self._full = tuple(full)
-        self._windowed = tuple(windowed)
-        self._lookup_order = self._full + self._windowed
+        self._windowed = tuple(
+            i for i, gc in enumerate(chunking.groups) if gc.window_in_chunks is not None
+        )
         self._requests: dict[str, RequestState] = {}
         self._jobs: dict[int, JobRecord] = {}
         self._next_job_id = 0
@@ -104,9 +105,13 @@ class Planner:
 
     # -- bookkeeping ------------------------------------------------------
 
-    def _job_id(self) -> int:
+    def _new_job(self, req: RequestState, keys: tuple[bytes, ...], is_store: bool) -> int:
+        """A fresh job id, recorded for ``req``."""
+        job_id = self._next_job_id
         self._next_job_id += 1
-        return self._next_job_id - 1
+        req.jobs.add(job_id)
+        self._jobs[job_id] = JobRecord(req.req_id, keys, is_store)
+        return job_id
 
     def new_request(
         self,
@@ -151,42 +156,11 @@ class Planner:
         req.computed_tokens = computed_tokens
         if skip_reading_prefix_cache or req.load_failed:
             return 0
-        return self._lookup_complete_chunks(req, max_num_new_tokens)
+        return self._offload_hit(req, max_num_new_tokens)
 
-    def _prefix_run(self, keys: Sequence[bytes]) -> int | None:
-        """Chunks hit consecutively from the first; None if one is still being written."""
-        hits, pending = 0, False
-        for key in keys:
-            result = self.store.lookup(key)
-            if result is LookupResult.MISS:
-                break
-            hits += 1
-            pending |= result is LookupResult.HIT_PENDING
-        return None if pending else hits
-
-    def _window_run(self, keys: Sequence[bytes], window: int, initial: int) -> int | None:
-        """End (in ``keys``) of the rightmost run of ``window`` hits, scanning right to left.
-
-        The rightmost run may need ``initial`` >= ``window`` chunks (an unaligned
-        end reaches one chunk further).  With no full run, a run that starts at
-        ``keys[0]`` counts: the window before it is on the GPU.
-        """
-        if initial == 0:
-            return len(keys)  # a window of no chunk: every end is served (nothing to find)
-        pending, run, required = False, 0, initial
-        for idx in range(len(keys) - 1, -1, -1):
-            result = self.store.lookup(keys[idx])
-            if result is LookupResult.MISS:
-                run, pending, required = 0, False, window
-            else:
-                run += 1
-                pending |= result is LookupResult.HIT_PENDING
-            if run == required:
-                return None if pending else idx + required
-        return None if pending else run
-
-    # Kept whole: it mirrors vLLM's incremental loop step by step (reference.rules.hit states it).
-    def _lookup_complete_chunks(self, req: RequestState, max_num_new_tokens: int | None) -> int | None:
+    def _offload_hit(self, req: RequestState, max_num_new_tokens: int | None) -> int | None:
+        """:func:`~reference.rules.hit` over the chunks the store holds (HIT or
+        HIT_PENDING), then :func:`~reference.rules.lookup_deferred` (None: ask again)."""
         groups = self.chunking.groups
         computed = req.computed_tokens
         limit = hit_limit(
@@ -194,70 +168,25 @@ class Planner:
             bool(self._windowed), self.policy.last_token, self.chunking.mamba_align_tokens,
         )
 
-        hit, defer = 0, False
-        todo: tuple[int, ...] = self._lookup_order
-        eagle_verified: set[int] = set()
-        while todo:
-            looked_up_window = False
-            current, todo = todo, ()
-            for i in current:
-                gc, state = groups[i], req.groups[i]
-                tpc, keys = gc.tokens_per_chunk, state.keys
-                eagle = gc.group.is_eagle and i not in eagle_verified
-                limit = min(limit, len(keys) * tpc)
-                if req.max_load_tokens is not None:
-                    limit = round_down(limit, tpc)
-                if limit - computed < tpc:
-                    return 0
-                query_end = min(limit + tpc, len(keys) * tpc) if eagle else limit
-                num_chunks = min(cdiv(query_end, tpc), len(keys))
-                first = computed // tpc
-                window_keys = keys[first:num_chunks]
-                found: int | None
-                if gc.window_in_chunks is None:
-                    found = self._prefix_run(window_keys)
-                else:
-                    candidate_end = min(limit, (num_chunks - int(eagle)) * tpc)
-                    aligned = window_in_chunks(gc.group, tpc, 0, self.policy.window)
-                    initial = window_in_chunks(gc.group, tpc, candidate_end, self.policy.window)
-                    assert aligned is not None and initial is not None
-                    found = self._window_run(
-                        window_keys, aligned + int(eagle), initial + int(eagle)
-                    )
-                if found == 0:
-                    return 0
-                if found is None:
-                    defer = True
-                else:
-                    if eagle:
-                        found -= 1  # the EAGLE group's trailing chunk was only a peek
-                        eagle_verified.add(i)
-                    limit = min(limit, tpc * (first + found))
-                new_hit = limit - computed
-                if new_hit < tpc:
-                    return 0
-                if new_hit < hit:
-                    if not gc.group.is_eagle:
-                        eagle_verified.clear()
-                    if defer:
-                        defer = False
-                        todo = self._lookup_order
-                    elif looked_up_window and not todo:
-                        todo = self._windowed
-                looked_up_window |= gc.window_in_chunks is not None
-                hit = new_hit
-        if defer:
+        @cache
+        def answer(g: int, k: int) -> LookupResult:
+            return self.store.lookup(req.groups[g].keys[k])
+
+        tokens = hit(
+            groups, [len(state.keys) for state in req.groups],
+            lambda g, k: answer(g, k) is not LookupResult.MISS, computed, limit,
+            req.max_load_tokens is not None, self.policy.window,
+        )
+        if tokens == 0:
+            return 0
+        loading: set[bytes] | frozenset[bytes] = self._being_loaded or frozenset()
+        if lookup_deferred(
+            groups, computed, computed + tokens,
+            lambda g, k: answer(g, k) is LookupResult.HIT_PENDING,
+            lambda g, k: req.groups[g].keys[k] in loading, self.policy.window,
+        ):
             return None
-        if self._being_loaded:
-            end = computed + hit
-            for gc, state in zip(groups, req.groups, strict=True):
-                window = window_in_chunks(gc.group, gc.tokens_per_chunk, end, self.policy.window)
-                keys = state.keys[computed // gc.tokens_per_chunk : cdiv(end, gc.tokens_per_chunk)]
-                if window is not None:
-                    keys = keys[len(keys) - window :]
-                if any(k in self._being_loaded for k in keys):
-                    return None
-        return hit
+        return tokens
 
     # -- (D) load ---------------------------------------------------------
 
@@ -276,51 +205,10 @@ class Planner:
         if num_external_tokens == 0:
             return None
         req = self._requests[req_id]
-        computed = req.computed_tokens
-        end = computed + num_external_tokens
-        keys: list[bytes] = []
-        block_ids: list[int] = []
-        group_sizes: list[int] = []
-        block_indices: list[int] = []
-        for gc, state in zip(self.chunking.groups, req.groups, strict=True):
-            table = blocks[gc.group.index]
-            tpb, bpc = gc.group.tokens_per_block, gc.blocks_per_chunk
-            num_blocks = cdiv(end, tpb)
-            if len(table) < num_blocks or computed % tpb:
-                raise ValueError(f"request {req_id}: block table too short for the load")
-            # The load starts at the first fresh (non-null, unhashed) block past the GPU hit.
-            start = next(
-                (
-                    i
-                    for i in range(cdiv(computed, tpb), num_blocks)
-                    if not table[i].is_null and not table[i].has_block_hash
-                ),
-                num_blocks,
-            )
-            pending = num_blocks - start
-            if gc.window_in_chunks is not None and pending > gc.window_in_chunks * bpc + 1:
-                raise ValueError(f"request {req_id}: window load larger than the window")
-            num_chunks = cdiv(end, gc.tokens_per_chunk)
-            if pending:
-                keys.extend(state.keys[start // bpc : num_chunks])
-            block_ids.extend(b.block_id for b in table[start:num_blocks])
-            group_sizes.append(pending)
-            block_indices.append(start)
-            state.next_stored_chunk = num_chunks  # loaded chunks are not stored again
+        job = load_job_of(self.chunking, req, blocks, num_external_tokens)
+        keys = job.keys
         self.store.prepare_load(keys)
-        job = LoadJob(
-            req_id=req_id,
-            computed_tokens=computed,
-            hit_tokens=num_external_tokens,
-            keys=tuple(keys),
-            block_ids=tuple(block_ids),
-            group_sizes=tuple(group_sizes),
-            block_indices=tuple(block_indices),
-        )
-        job_id = self._job_id()
-        self.last_job_id = job_id
-        req.jobs.add(job_id)
-        self._jobs[job_id] = JobRecord(req_id, tuple(keys), is_store=False)
+        self.last_job_id = self._new_job(req, keys, is_store=False)
         if self._being_loaded is not None:
             self._being_loaded.update(keys)
         self._step_loads.append(job)
@@ -476,40 +364,10 @@ class Planner:
         self, req: RequestState, offered: Sequence[bytes], to_store: set[bytes],
         ranges: Sequence[tuple[int, int]],
     ) -> tuple[int, StoreJob]:
-        """The job for the offered keys the store accepted: blocks group-major."""
+        """The job for the offered keys the store accepted (:func:`store_job_of`)."""
         placeholders = self.policy.null_blocks_in_store is NullBlockRule.PLACEHOLDER
-        block_ids: list[int] = []
-        group_sizes: list[int] = []
-        block_indices: list[int] = []
-        for gc, state, (start, num_chunks) in zip(
-            self.chunking.groups, req.groups, ranges, strict=True
-        ):
-            bpc = gc.blocks_per_chunk
-            count, first = 0, None
-            for k in range(start, num_chunks):
-                if state.keys[k] not in to_store:
-                    continue
-                for j in range(k * bpc, (k + 1) * bpc):
-                    if state.block_ids[j] == 0 and not placeholders:
-                        continue
-                    if first is None:
-                        first = j
-                    block_ids.append(state.block_ids[j])
-                    count += 1
-            group_sizes.append(count)
-            block_indices.append(first or 0)
-            state.next_stored_chunk = max(state.next_stored_chunk, num_chunks)
-        keys = tuple(k for k in offered if k in to_store)
-        job_id = self._job_id()
-        req.jobs.add(job_id)
-        self._jobs[job_id] = JobRecord(req.req_id, keys, is_store=True)
-        return job_id, StoreJob(
-            req_id=req.req_id,
-            keys=keys,
-            block_ids=tuple(block_ids),
-            group_sizes=tuple(group_sizes),
-            block_indices=tuple(block_indices),
-        )
+        job = store_job_of(self.chunking, req, offered, to_store, ranges, placeholders)
+        return self._new_job(req, job.keys, is_store=True), job
 
     def _boundary_store_jobs(
         self, handoffs: Mapping[str, Sequence[tuple[int, int, int]]]
@@ -535,19 +393,8 @@ class Planner:
                 plan = self.store.prepare_store([key])
                 if plan is None or not plan.keys_to_store:
                     continue
-                sizes = [0] * len(self.chunking.groups)
-                indices = [0] * len(self.chunking.groups)
-                sizes[i] = 1
-                indices[i] = boundary // gc.group.tokens_per_block - 1
-                job_id = self._job_id()
-                req.jobs.add(job_id)
-                self._jobs[job_id] = JobRecord(req_id, (key,), is_store=True)
-                jobs.append(
-                    (
-                        job_id,
-                        StoreJob(req_id, (key,), (block_id,), tuple(sizes), tuple(indices)),
-                    )
-                )
+                job = boundary_store_job(self.chunking, req_id, i, key, block_id, boundary)
+                jobs.append((self._new_job(req, job.keys, is_store=True), job))
         return jobs
 
     # -- completions and resets ---------------------------------------------

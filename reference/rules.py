@@ -3,29 +3,26 @@
 Every function's docstring is its rule in words; ``docs/semantics.md`` ("Rules")
 maps each rule to its function.  :class:`reference.plan.Planner` mirrors the
 engine's call sequence and bookkeeping for replaying traces, and calls these
-functions where it applies the same rule.  The byte layout is stated in
-:mod:`reference.transfer` (``TransferLayout``, ``plan_copies``), not here.
+functions for every decision it makes.  The byte layout is stated in
+:mod:`reference.transfer` (``TransferLayout``, ``job_copies``), not here.
 
 Engine details the Planner models that the rules do not
 ---------------------------------------------------------
-1. *Steps and deferral.*  Stores are offered once per scheduler step from the
-   group's ``next_stored_chunk``; a store that cannot allocate is retried next
-   step; a lookup with transfers in flight, or whose chunks are still being
-   written or loaded, answers "ask again later" (``None``).
-2. *Incremental lookups.*  vLLM shrinks the hit group by group (full groups
-   first, then windowed ones by window size, re-checked until no window
-   shrinks it); its answer is :func:`hit`, with one exception: an EAGLE group
-   already verified is not asked for its peek chunk again when another EAGLE
-   group shrinks the hit (``tests/test_rules.py`` pins the case).
-3. *Reconsidered chunks.*  Under dense retention a request that finishes off
+1. *Steps.*  Stores are offered once per scheduler step from the group's
+   ``next_stored_chunk``; a store that cannot allocate is retried next step; a
+   lookup while the request's own transfers are in flight answers "ask again
+   later" (``None``).  A lookup is :func:`hit` over the chunks the store holds
+   (HIT or HIT_PENDING), then :func:`lookup_deferred`.
+2. *Reconsidered chunks.*  Under dense retention a request that finishes off
    its prompt horizon re-offers chunks it passed over under the prompt horizon
    (:func:`reconsider_from`); chunks it already offered are not offered twice.
-4. *Null-block bookkeeping.*  Window blocks reused by the engine in the same
+3. *Null-block bookkeeping.*  Window blocks reused by the engine in the same
    step are nulled in the Planner's block tables before the store rules run.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -440,6 +437,16 @@ def aligned_to_chunks(groups: Sequence[GroupChunking], end: int) -> bool:
     return all(end % gc.tokens_per_chunk == 0 for gc in groups)
 
 
+def loaded_chunks(
+    gc: GroupChunking, computed: int, end: int, rule: WindowRule = WindowRule.TOKENS_BEFORE_END
+) -> range:
+    """Chunks of a group a hit from ``computed`` to ``end`` loads: its
+    :func:`needed_chunks` without an EAGLE group's peek chunk (the peek only proves
+    the chunk before it complete; the load does not read it)."""
+    chunks = needed_chunks(gc, computed, end, rule)
+    return range(chunks.start, chunks.stop - eagle_extra_chunks(gc.group))
+
+
 def _largest_end(
     groups: Sequence[GroupChunking], positions: Sequence[int], num_keys: Sequence[int],
     held: Callable[[int, int], bool], computed: int, limit: int, align: bool, rule: WindowRule,
@@ -462,6 +469,23 @@ def _largest_end(
     return computed
 
 
+def _largest_prefix_end(
+    gc: GroupChunking, num_keys: int, held: Callable[[int], bool], computed: int, limit: int,
+    align: bool, rule: WindowRule,
+) -> int:
+    """:func:`_largest_end` of one full-attention group, found by bisection: its
+    :func:`needed_chunks` at a smaller end are a prefix of those at a larger one, so
+    :func:`group_holds` holds up to some end and fails past it."""
+    tpc = gc.tokens_per_chunk
+    ends = list(range(computed // tpc * tpc + tpc, limit, tpc))  # chunk ends past computed
+    if limit > computed and (not align or aligned_to_chunks((gc,), limit)):
+        ends.append(limit)
+    held_up_to = bisect_left(
+        ends, True, key=lambda end: not group_holds(gc, num_keys, held, computed, end, rule)
+    )
+    return ends[held_up_to - 1] if held_up_to else computed
+
+
 def _full_groups_end(
     groups: Sequence[GroupChunking], num_keys: Sequence[int], held: Callable[[int, int], bool],
     computed: int, limit: int, align: bool, rule: WindowRule,
@@ -472,7 +496,7 @@ def _full_groups_end(
     for p, gc in enumerate(groups):
         if gc.window_in_chunks is not None:
             continue
-        end = _largest_end(groups, (p,), num_keys, held, computed, end, align, rule)
+        end = _largest_prefix_end(gc, num_keys[p], partial(held, p), computed, end, align, rule)
         if not at_least_one_chunk(gc, computed, end):
             return None
     return end
@@ -506,6 +530,31 @@ def hit(
         if not all(at_least_one_chunk(groups[p], computed, end) for p in windowed):
             return 0
     return end - computed
+
+
+def lookup_deferred(
+    groups: Sequence[GroupChunking],
+    computed: int,
+    end: int,
+    pending: Callable[[int, int], bool],
+    being_loaded: Callable[[int, int], bool],
+    rule: WindowRule = WindowRule.TOKENS_BEFORE_END,
+) -> bool:
+    """A lookup whose :func:`hit` ends at ``end`` (past ``computed``) answers "ask again
+    later" instead: when a chunk the hit needs (:func:`needed_chunks`) is still being
+    written (``pending(g, k)``: the store answered HIT_PENDING, held but not readable
+    yet), or a chunk it loads (:func:`loaded_chunks`) is being loaded for another
+    request (``being_loaded(g, k)``: that load fills the GPU prefix cache, which then
+    serves the chunk; loading it twice would waste the transfer).
+
+    Only the chunks of the final hit count.  :func:`hit` counts pending chunks as
+    held, so waiting never buys a longer hit, and a hit of 0 is never deferred
+    (there is nothing to wait for)."""
+    return any(
+        any(pending(p, k) for k in needed_chunks(gc, computed, end, rule))
+        or any(being_loaded(p, k) for k in loaded_chunks(gc, computed, end, rule))
+        for p, gc in enumerate(groups)
+    )
 
 
 def full_attention_end(

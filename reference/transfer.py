@@ -1,55 +1,50 @@
-"""Moving blocks between the GPU KV cache and chunk slots: gather (store) and scatter (load).
+"""Where each chunk's bytes live: the byte layout of a chunk slot, stated once, plainly.
 
 This is vLLM 0.33.0's CPU tier data path (``v1/kv_offload/cpu/gpu_worker.py``,
-``_fill_direct_ops`` / ``compute_sub_block_ptrs``) stated as tensor operations,
-generalised to one ``blocks_per_chunk`` per group.
+``_fill_direct_ops`` / ``compute_sub_block_ptrs``) stated block by block,
+generalised to one ``blocks_per_chunk`` per group.  It is the specification;
+:mod:`reference.transfer_fast` is a separate, fast implementation of it, and
+``tests/test_transfer_fast.py`` proves the two write the same bytes.
 
 The GPU side
     A list of *canonical tensors*: uint8 ``[num_blocks, page_bytes_t]`` views of
     the paged KV cache, one row per block.  Several groups' layers may share one
-    canonical tensor.  Group ``g`` reads/writes the tensors named by its
-    :class:`TensorRef` s, copying bytes ``[0, nbytes)`` of each block row (the
-    unpadded page; ``nbytes <= page_bytes_t``).
+    canonical tensor (a packed, block-outermost cache is one canonical tensor
+    whose page is the whole packed block).  Group ``g`` reads/writes the tensors
+    named by its :class:`TensorRef` s, copying bytes ``[0, nbytes)`` of each
+    block row (the unpadded page; ``nbytes <= page_bytes_t``).
 
 The chunk pool (the CPU tier)
     One uint8 tensor ``[num_slots, slot_bytes]``; one slot holds one chunk of one
-    group.  Inside a slot holding a chunk of group ``g`` (``B = B_g`` blocks per
-    chunk), tensor ``t`` owns ``B`` consecutive page-sized *sub-slots*::
-
-        sub-slot j of tensor t starts at  sum(page_bytes[:t]) * B  +  j * page_bytes[t]
-
-    and ``slot_bytes = max_g(B_g) * sum(page_bytes)``.  With one ``B`` for every
-    group this is exactly vLLM's per-worker CPU chunk layout (notes section 6.2).
-    Bytes of tensors a group does not use, bytes past ``nbytes``, and sub-slots
-    of blocks a job does not list are never written.
+    group.  :meth:`TransferLayout.sub_slot_offset` says where a block's bytes
+    go inside the slot; :func:`place` and :func:`chunks_of` say which chunk and
+    sub-slot a block takes; :func:`job_copies` applies them to one job.  Bytes
+    of tensors a group does not use, bytes past ``nbytes``, and sub-slots of
+    blocks a job does not list are never written.
 
 A job (one :class:`reference.jobs.StoreJob` / ``LoadJob`` worth of ids)
     ``block_ids`` (flat, group-major), ``group_sizes[g]``, ``block_indices[g]``
-    and ``slot_ids`` (flat, one per chunk, group-major).  A group with
-    ``n = group_sizes[g] > 0`` and ``skip = block_indices[g] % B_g`` consumes the
-    next ``n`` block ids and the next ``cdiv(n + skip, B_g)`` slot ids; its block
-    ``k`` lives in slot ``slot_ids[(k + skip) // B_g]``, sub-slot
-    ``(k + skip) % B_g``.  Groups with ``n == 0`` consume nothing.  Every id must
-    be consumed (vLLM asserts the same).
+    (the request position of the group's first listed block) and ``slot_ids``
+    (flat, one per chunk the group's blocks touch, group-major).  Groups with
+    ``group_sizes[g] == 0`` consume nothing.  Every id must be consumed (vLLM
+    asserts the same).
 
-:func:`plan_copies` is that mapping and nothing else; :func:`gather` and
-:func:`scatter` execute it one block row at a time, as plainly as it can be
-written.  Both validate everything before the first write
-(:mod:`reference.transfer_checks`), so a rejected call leaves every tensor
-untouched.  :mod:`reference.transfer_fast` is the same copies made fast
-(bundled views, ``np.take``, word-wide copies); ``tests/test_transfer_fast.py``
-proves it byte for byte equal to this module.
+:func:`gather` and :func:`scatter` execute :func:`job_copies` one copy at a
+time, as plainly as it can be written.  Both validate everything before the
+first write (:mod:`reference.transfer_checks`), so a rejected call leaves every
+tensor untouched.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import torch
 
-from reference.mathutil import cdiv
 from reference.transfer_checks import (
+    check_consumed,
+    check_group_counts,
     check_layout,
     check_tensors,
     ids_tensor,
@@ -83,7 +78,6 @@ class TransferLayout:
     page_bytes: tuple[int, ...]
     group_refs: tuple[tuple[TensorRef, ...], ...]
     blocks_per_chunk: tuple[int, ...]
-    _tensor_starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         pages = tuple(self.page_bytes)
@@ -93,7 +87,6 @@ class TransferLayout:
         object.__setattr__(self, "group_refs", refs)
         object.__setattr__(self, "blocks_per_chunk", bpc)
         check_layout(pages, refs, bpc)
-        object.__setattr__(self, "_tensor_starts", tuple(sum(pages[:t]) for t in range(len(pages))))
 
     @classmethod
     def uniform(
@@ -123,8 +116,13 @@ class TransferLayout:
         return max(self.blocks_per_chunk) * sum(self.page_bytes)
 
     def region_offset(self, group: int, tensor: int) -> int:
-        """Byte offset, inside a slot holding a chunk of ``group``, of ``tensor``'s sub-slots."""
-        return self._tensor_starts[tensor] * self.blocks_per_chunk[group]
+        """Byte offset, inside a slot holding a chunk of ``group``, of ``tensor``'s sub-slots.
+
+        Each canonical tensor owns ``blocks_per_chunk`` page-sized sub-slots, in
+        tensor order; with one ``blocks_per_chunk`` for every group this is
+        exactly vLLM's per-worker CPU chunk layout (notes section 6.2).
+        """
+        return sum(self.page_bytes[:tensor]) * self.blocks_per_chunk[group]
 
     def sub_slot_offset(self, group: int, tensor: int, sub_slot: int) -> int:
         """Byte offset, inside a slot of ``group``, of ``tensor``'s sub-slot ``sub_slot``."""
@@ -137,166 +135,123 @@ class TransferLayout:
 
 
 # ---------------------------------------------------------------------------
-# The mapping
+# The mapping: which chunk and sub-slot a block takes
 # ---------------------------------------------------------------------------
 
 
+def place(position: int, blocks_per_chunk: int) -> tuple[int, int]:
+    """``(chunk, sub_slot)`` of the block at ``position`` in the request (both counted from 0).
+
+    A request's blocks fill its chunks in order, ``blocks_per_chunk`` at a time.
+    """
+    return position // blocks_per_chunk, position % blocks_per_chunk
+
+
+def chunks_of(first: int, n: int, blocks_per_chunk: int) -> range:
+    """The request's chunks holding its blocks ``first .. first + n - 1`` (none for ``n == 0``)."""
+    if n == 0:
+        return range(0)
+    first_chunk, _ = place(first, blocks_per_chunk)
+    last_chunk, _ = place(first + n - 1, blocks_per_chunk)
+    return range(first_chunk, last_chunk + 1)
+
+
 @dataclass(frozen=True)
-class CopyRun:
-    """Rows ``[start, stop)`` of a :class:`TensorCopies` that share one copy shape.
+class BlockCopy:
+    """One copy of a job: a block of one layer (ref) <-> its sub-slot.
 
-    All of them copy ``nbytes`` bytes between a block row and a sub-slot of a
-    slot whose tensor region starts at ``region_offset`` and holds
-    ``blocks_per_chunk`` sub-slots.
+    Bytes ``[0, nbytes)`` of row ``block_id`` of canonical tensor ``tensor``
+    <-> bytes ``[offset, offset + nbytes)`` of slot ``slot_id``.
     """
 
-    start: int
-    stop: int
-    region_offset: int
-    blocks_per_chunk: int
+    group: int
+    """Offloaded-group position (index into the job's ``group_sizes``)."""
+    position: int
+    """The block's position in the request (``block_indices[group] + k``)."""
+    tensor: int
+    block_id: int
+    slot_id: int
+    sub_slot: int
+    offset: int
     nbytes: int
-
-
-@dataclass(frozen=True, eq=False)
-class TensorCopies:
-    """Every copy a job makes for one canonical tensor; row ``i`` is one block.
-
-    Row ``i`` moves bytes ``[0, nbytes[i])`` of row ``block_ids[i]`` of the
-    canonical tensor to/from bytes ``[slot_offsets[i], slot_offsets[i] + nbytes[i])``
-    of slot ``slot_ids[i]``; ``sub_slots[i]`` is the sub-slot index behind that
-    offset.  Rows are group-major (offloading order), then in block order (a group
-    refers to a tensor at most once); ``runs`` partitions them.  All tensors are
-    int64 on the CPU.
-    """
-
-    tensor_index: int
-    page_bytes: int
-    block_ids: torch.Tensor
-    slot_ids: torch.Tensor
-    sub_slots: torch.Tensor
-    slot_offsets: torch.Tensor
-    nbytes: torch.Tensor
-    runs: tuple[CopyRun, ...]
-
-    @property
-    def num_copies(self) -> int:
-        return int(self.block_ids.numel())
 
 
 IdsLike = Sequence[int] | torch.Tensor
 
 
-# Kept whole (62 lines): the mapping reads top to bottom as the module docstring states it.
-def plan_copies(
+def job_copies(
     layout: TransferLayout,
     block_ids: IdsLike,
     group_sizes: Sequence[int],
     block_indices: Sequence[int],
     slot_ids: IdsLike,
-) -> tuple[TensorCopies, ...]:
-    """The copies one job makes, per canonical tensor (index ``t`` of the result is tensor ``t``).
+) -> list[BlockCopy]:
+    """Every copy one job makes: group by group, block by block, then each ref of the group.
 
-    Validates the job's ids (counts, consumption, negatives, duplicates) but
-    knows nothing of tensor sizes; :func:`gather` / :func:`scatter` check ranges.
+    Group ``g``'s blocks are the next ``group_sizes[g]`` block ids; they sit at
+    request positions ``block_indices[g]``, ``block_indices[g] + 1``, ...; the
+    chunks they take (:func:`chunks_of`) are the next slot ids, one per chunk,
+    in order.  Raises ``ValueError`` when the counts do not add up; repeated
+    ids are allowed here (:func:`gather` / :func:`scatter` reject them).
     """
-    blocks = ids_tensor("block_ids", block_ids)
-    slots = ids_tensor("slot_ids", slot_ids)
+    blocks = ids_tensor("block_ids", block_ids).tolist()
+    slots = ids_tensor("slot_ids", slot_ids).tolist()
     sizes = small_ints("group_sizes", group_sizes)
     firsts = small_ints("block_indices", block_indices)
-    if len(sizes) != layout.num_groups or len(firsts) != layout.num_groups:
-        raise ValueError(
-            f"the layout has {layout.num_groups} groups, but the job gives "
-            f"{len(sizes)} group_sizes and {len(firsts)} block_indices; "
-            f"give one of each per offloaded group (0 for groups with nothing to move)"
-        )
-
-    skips = [first % b for first, b in zip(firsts, layout.blocks_per_chunk, strict=True)]
-    chunks = [
-        cdiv(n + skip, b) if n else 0
-        for n, skip, b in zip(sizes, skips, layout.blocks_per_chunk, strict=True)
+    check_group_counts(layout, sizes, firsts)
+    spans = [
+        chunks_of(first, n, b)
+        for n, first, b in zip(sizes, firsts, layout.blocks_per_chunk, strict=True)
     ]
-    if sum(sizes) != blocks.numel():
-        raise ValueError(
-            f"group_sizes {list(sizes)} sum to {sum(sizes)}, but {blocks.numel()} "
-            f"block ids were given; every block id must belong to exactly one group"
-        )
-    if sum(chunks) != slots.numel():
-        raise ValueError(
-            f"group_sizes {list(sizes)} with block_indices {list(firsts)} span "
-            f"{chunks} chunks ({sum(chunks)} in all), but {slots.numel()} slot ids were "
-            f"given; every chunk needs exactly one slot id"
-        )
-    require_distinct("block_ids", blocks)
-    require_distinct("slot_ids", slots)
-
-    pieces: list[list[_Piece]] = [[] for _ in layout.page_bytes]
-    block_cursor = slot_cursor = 0
-    for g, (n, skip, num_chunks) in enumerate(zip(sizes, skips, chunks, strict=True)):
-        if n == 0:
-            continue
-        b = layout.blocks_per_chunk[g]
-        group_blocks = blocks[block_cursor : block_cursor + n]
-        position = torch.arange(skip, skip + n, dtype=torch.int64)
-        group_slots = slots[slot_cursor : slot_cursor + num_chunks][position // b]
-        group_subs = position % b
-        for ref in layout.group_refs[g]:
-            t = ref.tensor_index
-            region = layout.region_offset(g, t)
-            pieces[t].append(_Piece(group_blocks, group_slots, group_subs, region, b, ref.nbytes))
-        block_cursor += n
-        slot_cursor += num_chunks
-
-    return tuple(
-        _tensor_copies(t, layout.page_bytes[t], pieces[t]) for t in range(layout.num_tensors)
-    )
-
-
-@dataclass(frozen=True, eq=False)
-class _Piece:
-    """One (group, ref) share of a tensor's copies."""
-
-    block_ids: torch.Tensor
-    slot_ids: torch.Tensor
-    sub_slots: torch.Tensor
-    region_offset: int
-    blocks_per_chunk: int
-    nbytes: int
-
-
-def _tensor_copies(t: int, page: int, pieces: list[_Piece]) -> TensorCopies:
-    if not pieces:
-        empty = torch.empty(0, dtype=torch.int64)
-        return TensorCopies(t, page, empty, empty, empty, empty, empty, ())
-    runs: list[CopyRun] = []
-    start = 0
-    for piece in pieces:
-        stop = start + int(piece.block_ids.numel())
-        shape = (piece.region_offset, piece.blocks_per_chunk, piece.nbytes)
-        if runs and (runs[-1].region_offset, runs[-1].blocks_per_chunk, runs[-1].nbytes) == shape:
-            runs[-1] = replace(runs[-1], stop=stop)  # same copy shape: extend the run
-        else:
-            runs.append(CopyRun(start, stop, *shape))
-        start = stop
-    block_ids = torch.cat([p.block_ids for p in pieces])
-    slot_ids = torch.cat([p.slot_ids for p in pieces])
-    sub_slots = torch.cat([p.sub_slots for p in pieces])
-    regions = torch.cat([torch.full_like(p.block_ids, p.region_offset) for p in pieces])
-    nbytes = torch.cat([torch.full_like(p.block_ids, p.nbytes) for p in pieces])
-    return TensorCopies(
-        tensor_index=t,
-        page_bytes=page,
-        block_ids=block_ids,
-        slot_ids=slot_ids,
-        sub_slots=sub_slots,
-        slot_offsets=regions + sub_slots * page,
-        nbytes=nbytes,
-        runs=tuple(runs),
-    )
+    check_consumed(sizes, firsts, [len(span) for span in spans], len(blocks), len(slots))
+    copies = []
+    next_block = next_slot = 0
+    for g, (n, first, span) in enumerate(zip(sizes, firsts, spans, strict=True)):
+        group_blocks = blocks[next_block : next_block + n]
+        slot_of_chunk = dict(zip(span, slots[next_slot : next_slot + len(span)], strict=True))
+        for position, block_id in enumerate(group_blocks, start=first):
+            chunk, sub_slot = place(position, layout.blocks_per_chunk[g])
+            for ref in layout.group_refs[g]:
+                t = ref.tensor_index
+                offset = layout.sub_slot_offset(g, t, sub_slot)
+                copies.append(
+                    BlockCopy(g, position, t, block_id, slot_of_chunk[chunk], sub_slot, offset,
+                              ref.nbytes)
+                )
+        next_block += n
+        next_slot += len(span)
+    return copies
 
 
 # ---------------------------------------------------------------------------
-# Execution: one copy per row of the plan
+# Execution: one copy at a time
 # ---------------------------------------------------------------------------
+
+
+def checked_copies(
+    layout: TransferLayout,
+    gpu_tensors: Sequence[torch.Tensor],
+    pool: torch.Tensor,
+    block_ids: IdsLike,
+    group_sizes: Sequence[int],
+    block_indices: Sequence[int],
+    slot_ids: IdsLike,
+) -> list[BlockCopy]:
+    """:func:`job_copies` tensor by tensor, once the ids are distinct and fit the tensors.
+
+    The order matters only where canonical tensors overlap in memory: a load
+    then leaves the bytes of the later tensor.  Raises ``ValueError`` before
+    anything is written.
+    """
+    copies = job_copies(layout, block_ids, group_sizes, block_indices, slot_ids)
+    require_distinct("block_ids", ids_tensor("block_ids", block_ids))
+    require_distinct("slot_ids", ids_tensor("slot_ids", slot_ids))
+    top_blocks: dict[int, int] = {}
+    for c in copies:
+        top_blocks[c.tensor] = max(top_blocks.get(c.tensor, 0), c.block_id)
+    top_slot = max((c.slot_id for c in copies), default=None)
+    check_tensors(layout, gpu_tensors, pool, top_blocks, top_slot)
+    return sorted(copies, key=lambda c: c.tensor)
 
 
 def gather(
@@ -310,17 +265,15 @@ def gather(
 ) -> None:
     """Store direction: copy the listed blocks into their sub-slots of ``pool``.
 
-    For every canonical tensor and every block the job lists for it, bytes
-    ``[0, nbytes)`` of the block's row go to ``[offset, offset + nbytes)`` of its
-    slot.  ``gpu_tensors`` are only read.  Any devices work; every copy is
-    complete when this returns.
+    For every copy of :func:`job_copies`, bytes ``[0, nbytes)`` of the block's
+    row go to ``[offset, offset + nbytes)`` of its slot.  ``gpu_tensors`` are
+    only read.  Any devices work; every copy is complete when this returns.
     """
-    plan = plan_copies(layout, block_ids, group_sizes, block_indices, slot_ids)
-    check_tensors(layout, gpu_tensors, pool, plan)
-    for copies in plan:
-        rows = gpu_tensors[copies.tensor_index]
-        for block, slot, offset, nbytes in _each_copy(copies):
-            pool[slot, offset : offset + nbytes] = rows[block, :nbytes]
+    for c in checked_copies(
+        layout, gpu_tensors, pool, block_ids, group_sizes, block_indices, slot_ids
+    ):
+        rows = gpu_tensors[c.tensor]
+        pool[c.slot_id, c.offset : c.offset + c.nbytes] = rows[c.block_id, : c.nbytes]
 
 
 def scatter(
@@ -338,22 +291,8 @@ def scatter(
     the slot go to ``[0, nbytes)`` of the block's row; the rest of the row is
     left alone.  ``pool`` is only read.
     """
-    plan = plan_copies(layout, block_ids, group_sizes, block_indices, slot_ids)
-    check_tensors(layout, gpu_tensors, pool, plan)
-    for copies in plan:
-        rows = gpu_tensors[copies.tensor_index]
-        for block, slot, offset, nbytes in _each_copy(copies):
-            rows[block, :nbytes] = pool[slot, offset : offset + nbytes]
-
-
-def _each_copy(copies: TensorCopies) -> list[tuple[int, int, int, int]]:
-    """``(block id, slot id, byte offset in the slot, nbytes)`` of every row of ``copies``."""
-    return list(
-        zip(
-            copies.block_ids.tolist(),
-            copies.slot_ids.tolist(),
-            copies.slot_offsets.tolist(),
-            copies.nbytes.tolist(),
-            strict=True,
-        )
-    )
+    for c in checked_copies(
+        layout, gpu_tensors, pool, block_ids, group_sizes, block_indices, slot_ids
+    ):
+        rows = gpu_tensors[c.tensor]
+        rows[c.block_id, : c.nbytes] = pool[c.slot_id, c.offset : c.offset + c.nbytes]

@@ -2,19 +2,21 @@
 
 Every rejected input is a ``ValueError`` raised before the first write, so a
 rejected call leaves every tensor untouched.  :mod:`reference.transfer_fast`
-runs the same checks, so both executors accept exactly the same calls.
+runs the same checks, so both executors accept exactly the same calls; each
+passes in what it computed itself (chunk counts, ids per tensor), so a wrong
+count in either shows as a disagreement.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 if TYPE_CHECKING:
-    from reference.transfer import IdsLike, TensorCopies, TensorRef, TransferLayout
+    from reference.transfer import IdsLike, TensorRef, TransferLayout
 
 
 def check_layout(
@@ -58,13 +60,57 @@ def check_layout(
                 )
 
 
+def check_group_counts(
+    layout: TransferLayout, group_sizes: tuple[int, ...], block_indices: tuple[int, ...]
+) -> None:
+    """A job gives one size and one first block index per group of the layout."""
+    if len(group_sizes) != layout.num_groups or len(block_indices) != layout.num_groups:
+        raise ValueError(
+            f"the layout has {layout.num_groups} groups, but the job gives "
+            f"{len(group_sizes)} group_sizes and {len(block_indices)} block_indices; "
+            f"give one of each per offloaded group (0 for groups with nothing to move)"
+        )
+
+
+def check_consumed(
+    group_sizes: tuple[int, ...],
+    block_indices: tuple[int, ...],
+    chunks: Sequence[int],
+    num_block_ids: int,
+    num_slot_ids: int,
+) -> None:
+    """A job consumes exactly its ids (``chunks[g]``: how many chunks group ``g`` spans)."""
+    if sum(group_sizes) != num_block_ids:
+        raise ValueError(
+            f"group_sizes {list(group_sizes)} sum to {sum(group_sizes)}, but {num_block_ids} "
+            f"block ids were given ({_left(sum(group_sizes), num_block_ids)}); "
+            f"every block id must belong to exactly one group"
+        )
+    if sum(chunks) != num_slot_ids:
+        raise ValueError(
+            f"group_sizes {list(group_sizes)} with block_indices {list(block_indices)} span "
+            f"{list(chunks)} chunks ({sum(chunks)} in all), but {num_slot_ids} slot ids were "
+            f"given ({_left(sum(chunks), num_slot_ids)}); every chunk needs exactly one slot id"
+        )
+
+
+def _left(needed: int, given: int) -> str:
+    return f"{given - needed} unconsumed" if given > needed else f"{needed - given} missing"
+
+
 def check_tensors(
     layout: TransferLayout,
     gpu_tensors: Sequence[torch.Tensor],
     pool: torch.Tensor,
-    plan: tuple[TensorCopies, ...],
+    top_blocks: Mapping[int, int],
+    top_slot: int | None,
 ) -> None:
-    """The canonical tensors and the pool fit ``layout`` and every id of ``plan``."""
+    """The canonical tensors and the pool fit ``layout`` and the job's ids.
+
+    ``top_blocks[t]``: the highest block id the job copies for canonical tensor
+    ``t`` (tensors it does not touch absent); ``top_slot``: its highest slot id
+    (None for a job with no slots).
+    """
     if len(gpu_tensors) != layout.num_tensors:
         raise ValueError(
             f"the layout has {layout.num_tensors} canonical tensors, "
@@ -78,21 +124,16 @@ def check_tensors(
     for t, (tensor, page) in enumerate(zip(gpu_tensors, layout.page_bytes, strict=True)):
         _check_rows(f"gpu_tensors[{t}]", tensor, page)
     _check_rows("pool", pool, layout.slot_bytes)
-    for copies in plan:
-        if copies.num_copies == 0:
-            continue
-        rows = gpu_tensors[copies.tensor_index].shape[0]
-        top = int(copies.block_ids.max())
+    for t, top in sorted(top_blocks.items()):
+        rows = gpu_tensors[t].shape[0]
         if top >= rows:
             raise ValueError(
-                f"block id {top} is out of range for gpu_tensors[{copies.tensor_index}] "
-                f"({rows} blocks)"
+                f"block id {top} is out of range for gpu_tensors[{t}] ({rows} blocks)"
             )
-        top_slot = int(copies.slot_ids.max())
-        if top_slot >= pool.shape[0]:
-            raise ValueError(
-                f"slot id {top_slot} is out of range for the pool ({pool.shape[0]} slots)"
-            )
+    if top_slot is not None and top_slot >= pool.shape[0]:
+        raise ValueError(
+            f"slot id {top_slot} is out of range for the pool ({pool.shape[0]} slots)"
+        )
 
 
 def _check_rows(name: str, tensor: torch.Tensor, width: int) -> None:

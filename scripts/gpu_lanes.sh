@@ -2,11 +2,13 @@
 # Run kvchunk's two CUDA-only conformance lanes (gpu_copy, e2e) on a GPU machine.
 #
 #   bash scripts/gpu_lanes.sh            # from the repo root; reports go to $OUT
+#   bash scripts/gpu_lanes.sh --dry-run  # print each lane's command and timeout; run nothing
 #
-# It is `python -m conformance -m "gpu_copy or e2e"`, split into one run per lane
-# so that each lane has its own timeout (a slow engine start cannot starve the
-# copy lane).  Without CUDA both lanes collect and skip with the reason
-# "needs CUDA (torch.cuda.is_available() is False)".
+# It is `python -m conformance --require-cuda -m "gpu_copy or e2e"`, split into one
+# run per lane so that each lane has its own timeout (a slow engine start cannot
+# starve the copy lane).  --require-cuda makes a run without CUDA fail at start
+# with one line instead of skipping every case.  docs/gpu-ci.md is the CI recipe
+# around this script (tests/test_gpu_ci.py checks that the two agree).
 #
 # Environment (all optional):
 #   OUT                 where reports go (default: reports/gpu)
@@ -14,11 +16,14 @@
 #   KVCHUNK_WHEELS      folder of carried wheels to install first (default: .whl)
 #   GPU_COPY_TIMEOUT    seconds for the gpu_copy lane (default: 200)
 #   E2E_TIMEOUT         seconds for the e2e lane (default: 360)
-#   KVCHUNK_GPU_LANES_ANYWAY=1  run the lanes even without CUDA (they then skip;
-#                       for checking this script on a CPU machine)
+#   KVCHUNK_GPU_LANES_ANYWAY=1  run the lanes even without CUDA (no --require-cuda:
+#                       they then skip; for checking this script on a CPU machine)
+#   KVCHUNK_VLLM_RULES  a known release whose rules a dev/rc/post vLLM build runs
+#                       (default: the newest known release's; see conformance/versions.py)
 #
-# What the machine must already have: a CUDA build of torch and vllm==0.33.0
-# built against it (vLLM 0.33.0 wants torch 2.14), importable by $PYTHON.
+# What the machine must already have: a CUDA build of torch and vllm built against
+# it, importable by $PYTHON: a known release (0.33.0, 0.34.0) or any build of
+# vLLM main (its geometry fixtures are then derived live; never tried on a GPU).
 # Neither can be carried: the device tool carries at most 64 MiB, and a CUDA
 # torch wheel with its nvidia-* libraries is about 1 GiB, the vllm wheel about
 # 0.4 GiB.  This workplace's H200 image (device/KINDS.md, 2026-11) has python3
@@ -46,6 +51,30 @@ ROOT=$PWD
 OUT=${OUT:-$ROOT/reports/gpu}
 PY=${PYTHON:-python3}
 WHEELS=${KVCHUNK_WHEELS:-.whl}
+LANES="gpu_copy e2e"
+REQUIRE_CUDA=--require-cuda
+[ -n "${KVCHUNK_GPU_LANES_ANYWAY:-}" ] && REQUIRE_CUDA=""
+
+lane_limit() {  # seconds each lane may take
+    case $1 in
+        gpu_copy) echo "${GPU_COPY_TIMEOUT:-200}" ;;
+        e2e) echo "${E2E_TIMEOUT:-360}" ;;
+    esac
+}
+
+lane_command() {  # the one command that runs a lane
+    echo "$PY -m conformance${REQUIRE_CUDA:+ $REQUIRE_CUDA} -m $1"
+}
+
+case "${1:-}" in
+    --dry-run)
+        for lane in $LANES; do
+            echo "lane $lane: timeout $(lane_limit "$lane") s: $(lane_command "$lane")"
+        done
+        exit 0 ;;
+    "") ;;
+    *) echo "usage: bash scripts/gpu_lanes.sh [--dry-run]" >&2; exit 2 ;;
+esac
 mkdir -p "$OUT"
 SUMMARY=$OUT/gpu_lanes.md
 echo "# kvchunk GPU lanes" >"$SUMMARY"
@@ -74,10 +103,8 @@ import importlib.util, os, sys
 missing = [m for m in ("torch", "vllm", "pytest", "hypothesis") if importlib.util.find_spec(m) is None]
 if missing:
     sys.exit(f"Not run: {', '.join(missing)} not importable by this python "
-             "(torch + vllm==0.33.0 must be installed on the machine; they are too big to carry).")
+             "(torch + a CUDA build of vllm must be installed on the machine; they are too big to carry).")
 import torch, vllm
-if vllm.__version__ != "0.33.0":
-    sys.exit(f"Not run: vllm {vllm.__version__} here, the lanes pin vLLM 0.33.0.")
 if not torch.cuda.is_available() and not os.environ.get("KVCHUNK_GPU_LANES_ANYWAY"):
     sys.exit("Not run: torch.cuda.is_available() is False.")
 gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA (lanes will skip)"
@@ -89,12 +116,12 @@ fi
 
 # 4. The lanes, one run each, each under its own timeout.
 status=0
-for lane in gpu_copy e2e; do
-    [ "$lane" = e2e ] && limit=${E2E_TIMEOUT:-360}
-    [ "$lane" = gpu_copy ] && limit=${GPU_COPY_TIMEOUT:-200}
+for lane in $LANES; do
+    limit=$(lane_limit "$lane")
     start=$(date +%s)
     stamp=$(mktemp)  # reports/conformance.md is tracked: never delete it, copy it only if this run wrote it
-    timeout -k 15 "$limit" "$PY" -m conformance -m "$lane" >"$OUT/$lane.log" 2>&1
+    # shellcheck disable=SC2046  # the command is words by design (lane_command)
+    timeout -k 15 "$limit" $(lane_command "$lane") >"$OUT/$lane.log" 2>&1
     rc=$?
     [ reports/conformance.md -nt "$stamp" ] && cp reports/conformance.md "$OUT/$lane.md"
     rm -f "$stamp"

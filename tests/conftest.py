@@ -15,3 +15,38 @@ settings.register_profile("ci", max_examples=200, **_COMMON)
 settings.register_profile("deep", max_examples=2000, **_COMMON)
 settings.register_profile("dev", max_examples=30, **_COMMON)
 settings.load_profile(os.environ.get("KVCHUNK_PROFILE", "ci"))
+
+
+# -- Once per CI run, not once per vLLM release ------------------------------------------
+
+RELEASE_INDEPENDENT = frozenset({
+    "test_bench_stats", "test_docs", "test_economics", "test_gpu_ci", "test_invariants",
+    "test_keys", "test_knobs", "test_plan", "test_policies", "test_readme", "test_report_tiers",
+    "test_rules", "test_semantics_coverage", "test_transfer", "test_transfer_catches",
+    "test_transfer_fast", "test_transfer_shared",
+})
+"""Test modules that import no vLLM (``tests/test_release_independent.py`` checks it): their
+outcome cannot depend on the release, so ``nox -s tests`` runs them on the newest only."""
+
+HARNESS_ONCE = frozenset({"test_protocol", "test_spec_option", "test_unknown_release"})
+"""Tests of the suite's own options (``--spec``, ``--vllm-rules``, PROTOCOL.md's commands)
+that start vLLM in subprocesses: run once, on the newest release; the lanes they drive run
+on every release in ``nox -s conformance``."""
+
+
+def pytest_collection_modifyitems(config: object, items: list[object]) -> None:
+    release = os.environ.get("KVCHUNK_VLLM")  # set by nox's per-release sessions
+    if not release:
+        return
+    import pytest
+
+    from vllm_adapter.releases import NEWEST
+
+    if release == NEWEST:
+        return
+    for item in items:
+        name = item.module.__name__.rsplit(".", 1)[-1]  # type: ignore[attr-defined]
+        if name in RELEASE_INDEPENDENT or name in HARNESS_ONCE:
+            why = "imports no vLLM" if name in RELEASE_INDEPENDENT else "tests the suite's options"
+            item.add_marker(pytest.mark.skip(  # type: ignore[attr-defined]
+                reason=f"{why}: runs once per CI run, on vLLM {NEWEST} (tests/conftest.py)"))

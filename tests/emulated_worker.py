@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from conformance import vllm_harness_api as V
 from reference.mathutil import cdiv
-from vllm_adapter import vllm_api as V
 
 __all__ = ["EmulatedVllmWorker"]
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import dataclasses
 import functools
 import json
 import shutil
@@ -37,15 +38,16 @@ from reference.rules import WindowRule  # noqa: E402
 
 WHOLE = WindowRule.WHOLE_WINDOW
 """vLLM's config field ``sliding_window_size_in_chunks`` (reference.rules.WindowRule)."""
-from vllm_adapter import vllm_api as V  # noqa: E402
+from conformance import vllm_harness_api as V  # noqa: E402
+from vllm_adapter.cli.sizing import release_policy  # noqa: E402
 from vllm_adapter.geometry import (  # noqa: E402
     VllmRejected,
     geometry_from_vllm,
-    policy_from,
     retention_interval_from,
     vllm_blocks_per_chunk,
     with_extra_config,
 )
+from vllm_adapter.releases import RELEASES, rules_for  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -435,12 +437,19 @@ def test_with_extra_config_copies_shallowly_and_never_mutates() -> None:
 
 
 @pytest.mark.parametrize("retention", [0, None, 256])
-def test_retention_and_policy(retention: int | None) -> None:
+@pytest.mark.parametrize("version", [*sorted(RELEASES), "9.9.9"])
+def test_retention_and_policy(retention: int | None, version: str) -> None:
+    """An engine's policy is its release's rules (every switch) with the engine's settings;
+    an unknown release runs the newest known release's rules."""
     kv = CATALOGUE["mixed_full64_swa16"]()
     vc = engine_config(kv, {"offload_prompt_only": False}, retention=retention)
     assert retention_interval_from(vc) == retention
-    policy = policy_from(vc)
-    assert policy.retention_interval == retention
-    assert policy.offload_prompt_only is False
-    assert policy.prefix_caching is True
-    assert policy_from(vc, {}).offload_prompt_only is True
+    for prompt_only in (False, True):
+        policy, known = release_policy(version, vc, prompt_only)
+        assert known is (version in RELEASES)
+        assert policy == dataclasses.replace(
+            rules_for(version).policy,
+            retention_interval=retention,
+            offload_prompt_only=prompt_only,
+            prefix_caching=True,
+        )

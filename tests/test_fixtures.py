@@ -26,7 +26,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from vllm_adapter import fixtures as F  # noqa: E402
-from vllm_adapter import vllm_api as V  # noqa: E402
+from vllm_adapter import vllm_tools_api as V  # noqa: E402
 from vllm_adapter.derive import RECIPES, Derivation, derive_live  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -65,8 +65,9 @@ def test_stored_fixture_equals_derivation(name: str) -> None:
     stored = F.load_fixture(name)
     derived = _normalized(_derived(name).fixture)
     assert stored == derived, (
-        f"{name}: stored fixture differs from vLLM's derivation; "
-        "run `python -m vllm_adapter.fixtures regenerate --check` for a diff"
+        f"{name}: stored fixture differs from vLLM's derivation: "
+        + "; ".join(F.fixture_differences(stored, derived)[:8])
+        + " (`python -m vllm_adapter.fixtures regenerate --check` for a diff)"
     )
     # The files are canonical (what `regenerate` writes).
     assert F.fixture_path(name).read_text(encoding="utf-8") == F.dump_fixture(stored)

@@ -27,7 +27,8 @@ from emulated_worker import EmulatedVllmWorker  # noqa: E402
 
 from conformance import e2e as E  # noqa: E402
 from conformance import gpu_copy as G  # noqa: E402
-from reference.transfer import TensorRef, TransferLayout, plan_copies  # noqa: E402
+from reference.transfer import TensorRef, TransferLayout  # noqa: E402
+from reference.transfer_fast import plan_copies  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -73,8 +74,8 @@ class _Rig:
         mutate: Any = None,
         seed: int = 0,
     ) -> None:
+        from conformance import vllm_harness_api as V
         from conformance.kvdata import SyntheticModelRunner
-        from vllm_adapter import vllm_api as V
         from vllm_adapter.spec import ReferenceOffloadingWorker
 
         self.nb, self.nc = nb, nc
@@ -194,7 +195,7 @@ def test_job_sub_slots_rejects_ids_left_over() -> None:
 
 
 def test_job_specs_are_vllm_specs() -> None:
-    from vllm_adapter import vllm_api as V
+    from conformance import vllm_harness_api as V
 
     job = G.Job("load", (4, 5, 6), (1, 2), (3, 8), (9, 2, 3))
     src, dst = job.specs()
@@ -211,7 +212,7 @@ def test_job_specs_with_kv_caches_are_what_the_connector_worker_passes() -> None
     0.33.0: the ``GPULoadStoreSpec``; 0.34.0: ``DevicePointers`` resolved over the
     tensors, which decode back to the job's blocks.
     """
-    from vllm_adapter import vllm_api as V
+    from conformance import vllm_harness_api as V
 
     buf = torch.zeros(16 * 96, dtype=torch.int8)
     kv = V.CanonicalKVCaches(
@@ -534,7 +535,7 @@ def test_gpu_copy_lane_recorded_cases_store_and_load() -> None:
 def test_e2e_cases_keep_every_layer_kind() -> None:
     import json
 
-    from vllm_adapter import vllm_api as V
+    from conformance import vllm_harness_api as V
 
     seen = set()
     for case in E.E2E_CASES:
@@ -576,7 +577,7 @@ def test_e2e_cases_keep_every_layer_kind() -> None:
 def test_e2e_engine_kwargs_are_engine_args() -> None:
     import dataclasses
 
-    from vllm_adapter import vllm_api as V
+    from conformance import vllm_harness_api as V
 
     names = {f.name for f in dataclasses.fields(V.EngineArgs)}
     for case in E.E2E_CASES:

@@ -50,7 +50,8 @@ from reference.knobs import (
     resolve,
 )
 from reference.store import ChunkStore
-from reference.transfer import TensorRef, TransferLayout, gather, plan_copies, scatter
+from reference.transfer import TensorRef, TransferLayout, gather, scatter
+from reference.transfer_fast import plan_copies
 
 # Two canonical tensors; group 1 reads both (tensor 0 partially).  B = (2, 3).
 LAYOUT = TransferLayout((8, 16), ((TensorRef(0, 8),), (TensorRef(1, 9), TensorRef(0, 3))), (2, 3))
@@ -447,7 +448,7 @@ def _dsv4_expected(max_model_len: int) -> tuple[dict[str, Any], int, int]:
 @pytest.mark.parametrize("knob_name", ["block_size", "blocks_per_chunk"])
 def test_connector_refuses_a_chunk_longer_than_max_model_len(knob_name: str) -> None:
     pytest.importorskip("vllm")
-    from vllm_adapter import vllm_api as V
+    from conformance import vllm_harness_api as V
     from vllm_adapter.connector import KvchunkOffloadingConnector, resolve_for_vllm
     from vllm_adapter.geometry import with_extra_config
 

@@ -7,6 +7,7 @@ comments) or from vLLM-verified tables in the design notes, never from the code.
 from __future__ import annotations
 
 import math
+from dataclasses import fields, replace
 
 from hypothesis import assume, given
 from hypothesis import strategies as st
@@ -23,7 +24,14 @@ from reference.knobs import (
     resolve,
     supports_partial_tail,
 )
-from reference.plan import LastTokenRule, Planner, Policy, ScheduledRequest
+from reference.plan import (
+    LastTokenRule,
+    NullBlockRule,
+    Planner,
+    Policy,
+    ScheduledRequest,
+    WindowRule,
+)
 from reference.store import ChunkStore, LookupResult
 
 SW = GroupKind.SLIDING_WINDOW
@@ -104,6 +112,125 @@ def test_needed_chunks() -> None:
     assert rules.needed_chunks(eagle, 0, 256) == range(4, 9)  # the window plus a peek
 
 
+def test_loaded_chunks() -> None:
+    full = _gc(KVGroup(0, GroupKind.FULL, 32), 2)  # 64-token chunks
+    # A load reads what the hit needs: every chunk from the GPU hit's on, up to token 199.
+    assert rules.loaded_chunks(full, 64, 200) == range(1, 4)
+    sw = _gc(_sw(128), 2)  # 32-token chunks, window 4
+    assert rules.loaded_chunks(sw, 0, 256) == range(4, 8)
+    # An EAGLE group's peek (chunk 8 past the end 256) proves chunk 7 complete; it is
+    # needed but not read.
+    eagle = _gc(_sw(128, eagle=True), 2)
+    assert rules.loaded_chunks(eagle, 0, 256) == range(4, 8)
+    eagle_full = _gc(KVGroup(0, GroupKind.FULL, 32, is_eagle=True), 2)
+    assert rules.loaded_chunks(eagle_full, 0, 128) == range(0, 2)
+
+
+def test_lookup_deferred() -> None:
+    """A hit waits for a needed chunk still being written, or a loaded chunk being loaded."""
+    full = _gc(KVGroup(0, GroupKind.FULL, 32), 2)  # 64-token chunks
+    eagle = _gc(_sw(128, eagle=True), 2)  # 32-token chunks, window 4 plus the peek
+    groups = (full, eagle)
+
+    def deferred(pending: set[tuple[int, int]], loading: set[tuple[int, int]]) -> bool:
+        return rules.lookup_deferred(
+            groups, 0, 256, lambda g, k: (g, k) in pending, lambda g, k: (g, k) in loading
+        )
+
+    assert not deferred(set(), set())
+    # A hit ending at 256 needs full chunks 0..3, window chunks 4..7 and the peek 8.
+    assert deferred({(0, 2)}, set())
+    assert deferred({(1, 4)}, set())
+    assert deferred({(1, 8)}, set())  # the peek must be readable too
+    assert deferred(set(), {(0, 0)})
+    assert deferred(set(), {(1, 7)})
+    # Chunks the hit does not need never defer it: past its end, before the window,
+    # and a peek another request loads (this hit does not load it).
+    assert not deferred({(0, 4), (1, 3), (1, 9)}, set())
+    assert not deferred(set(), {(0, 4), (1, 3), (1, 8)})
+    # From a GPU hit at 128, the full group's chunks 0 and 1 are on the GPU already.
+    assert not rules.lookup_deferred(
+        groups, 128, 256, lambda g, k: (g, k) == (0, 1), lambda g, k: (g, k) == (0, 0)
+    )
+
+
+def test_eagle_extra_chunks_and_final_tail_blocks() -> None:
+    assert rules.eagle_extra_chunks(_sw(128, eagle=True)) == 1  # the peek past the hit
+    assert rules.eagle_extra_chunks(_sw(128)) == 0
+    # 64-token alignment segments of 16-token blocks: 4 blocks; none when not whole,
+    # without alignment, for EAGLE or for a group that is not a sliding window.
+    assert rules.final_tail_blocks(_gc(_sw(33), 1), 64) == 4
+    assert rules.final_tail_blocks(_gc(_sw(33), 1), 40) is None
+    assert rules.final_tail_blocks(_gc(_sw(33), 1), None) is None
+    assert rules.final_tail_blocks(_gc(_sw(33, eagle=True), 1), 64) is None
+    assert rules.final_tail_blocks(_gc(KVGroup(0, GroupKind.FULL, 16), 1), 64) is None
+
+
+def test_offered_under_prompt_horizon() -> None:
+    # W=33 at 16 tokens per block needs 2 blocks before a boundary; dense, 64-token
+    # segments: blocks 2, 3 of each segment.  The 100-token prompt ends at block 6, a
+    # final segment of 2 blocks (4, 5) whose tail is kept too.  One block per chunk.
+    sw = _gc(_sw(33), 1)
+    state = rules.StoreState(tuple(range(1, 9)), 8, 128, 100, 100, True)
+    assert rules.offered_under_prompt_horizon(sw, state, 0, 8, 64, None) == {2, 3, 4, 5, 6, 7}
+    assert rules.offered_under_prompt_horizon(sw, state, 5, 7, 64, None) == {5, 6}
+    full = _gc(KVGroup(0, GroupKind.FULL, 16), 1)  # every block reachable
+    assert rules.offered_under_prompt_horizon(full, state, 0, 3, 64, None) == {0, 1, 2}
+
+
+def test_group_holds_minimum_and_alignment() -> None:
+    full = _gc(KVGroup(0, GroupKind.FULL, 32), 2)  # 64-token chunks
+    missing_2 = lambda k: k != 2  # noqa: E731
+    assert rules.group_holds(full, 4, missing_2, 0, 128)  # chunks 0, 1
+    assert not rules.group_holds(full, 4, missing_2, 0, 192)  # needs chunk 2
+    assert rules.group_holds(full, 4, missing_2, 192, 256)  # chunk 2 is on the GPU
+    assert not rules.group_holds(full, 4, lambda k: True, 0, 300)  # chunk 4 is not keyed
+    assert rules.at_least_one_chunk(full, 0, 64)
+    assert not rules.at_least_one_chunk(full, 0, 63)
+    assert not rules.at_least_one_chunk(full, 64, 127)
+    sw = _gc(_sw(128), 2)  # 32-token chunks
+    assert rules.aligned_to_chunks((full, sw), 128)
+    assert not rules.aligned_to_chunks((full, sw), 96)  # a chunk end of sw only
+    assert rules.aligned_to_chunks((sw,), 96)
+
+
+def test_first_kept_block() -> None:
+    # W=128: the 127 tokens before the end 300 start at token 173, in block 173 // 16 = 10.
+    assert rules.first_kept_block(_gc(_sw(128), 2), 300) == 10
+    assert rules.first_kept_block(_gc(_sw(128), 2), 50) == 0
+    # End 303: the 127 tokens before it start at token 176, the first of block 11.
+    assert rules.first_kept_block(_gc(_sw(128), 2), 303) == 11
+    # Chunked-local 100: the attention chunk holding token 250 starts at 200, block 12.
+    chunked = KVGroup(2, GroupKind.CHUNKED_LOCAL, 16, attention_chunk_size=100)
+    assert rules.first_kept_block(_gc(chunked, 1), 250) == 12
+    # Mamba: the last state block of a 100-token hit is block 6 (tokens 96..99).
+    assert rules.first_kept_block(_gc(KVGroup(3, GroupKind.MAMBA, 16), 1), 100) == 6
+    assert rules.first_kept_block(_gc(KVGroup(0, GroupKind.FULL, 16), 1), 300) == 0
+
+
+def test_full_attention_end_and_junction() -> None:
+    """Design note 5.3's groups (FA tpc 128 + SW128 tpc 32, 300 tokens, limit 299)."""
+    groups = (_gc(KVGroup(0, GroupKind.FULL, 64), 2), _gc(_sw(128), 2))
+    num_keys = (2, 9)
+
+    def end(missing: set[tuple[int, int]], gs: tuple[GroupChunking, ...] = groups) -> int | None:
+        return rules.full_attention_end(gs, num_keys, lambda g, k: (g, k) not in missing, 0,
+                                        299, False)
+
+    assert end(set()) == 256  # the FA group's two keyed chunks
+    assert end({(0, 1)}) == 128
+    assert end({(0, 0)}) is None  # less than one FA chunk
+    assert end({(1, 6)}) == 256  # windowed groups do not decide it
+    assert end(set(), groups[:1]) is None  # no windowed group follows
+    # A hit the windows cut to 192 short of the FA end 256 pins 256 under sparse or
+    # periodic retention; dense retention keeps every window already.
+    assert rules.shared_prefix_junction(256, 0, 192, 0) == 256
+    assert rules.shared_prefix_junction(256, 0, 192, 64) == 256
+    assert rules.shared_prefix_junction(256, 0, 192, None) is None
+    assert rules.shared_prefix_junction(256, 0, 256, 0) is None  # not cut short
+    assert rules.shared_prefix_junction(None, 0, 192, 0) is None
+
+
 def test_hit_on_the_vllm_verified_table() -> None:
     """Design note 5.3 (vLLM 0.33.0, verified): FA tpc 128 + SW128 tpc 32, 300 tokens."""
     groups = (_gc(KVGroup(0, GroupKind.FULL, 64), 2), _gc(_sw(128), 2))
@@ -168,24 +295,48 @@ def test_store_horizon_and_reconsider() -> None:
 # ---------------------------------------------------------------------------
 
 
-class _Held:
-    def __init__(self, keys: set[bytes]) -> None:
-        self.keys = keys
+class _Answers:
+    """A store that answers each key as told (keys not told: MISS)."""
+
+    def __init__(self, answers: dict[bytes, LookupResult]) -> None:
+        self.answers = answers
 
     def lookup(self, key: bytes) -> LookupResult:
-        return LookupResult.HIT if key in self.keys else LookupResult.MISS
+        return self.answers.get(key, LookupResult.MISS)
 
 
-def _held_store(keys: list[list[bytes]], held: list[list[bool]]) -> _Held:
-    pairs = zip(keys, held, strict=True)
-    return _Held({k for ks, hs in pairs for k, h in zip(ks, hs, strict=True) if h})
+def _answering(keys: list[list[bytes]], answers: list[list[LookupResult]]) -> _Answers:
+    pairs = zip(keys, answers, strict=True)
+    return _Answers({k: a for ks, ans in pairs for k, a in zip(ks, ans, strict=True)})
+
+
+def _held_store(keys: list[list[bytes]], held: list[list[bool]]) -> _Answers:
+    hit, miss = LookupResult.HIT, LookupResult.MISS
+    return _answering(keys, [[hit if h else miss for h in hs] for hs in held])
+
+
+_POLICY_SWITCHES: dict[str, st.SearchStrategy[object]] = {
+    "retention_interval": st.sampled_from((0, None, 64)),
+    "offload_prompt_only": st.booleans(),
+    "prefix_caching": st.booleans(),
+    "last_token": st.sampled_from(list(LastTokenRule)),
+    "window": st.sampled_from(list(WindowRule)),
+    "null_blocks_in_store": st.sampled_from(list(NullBlockRule)),
+    "offload_junctions": st.booleans(),
+    "reload_after_failed_load": st.booleans(),
+}
+"""A strategy for every switch of :class:`Policy` (a new switch must be added here)."""
+
+policies = st.fixed_dictionaries(_POLICY_SWITCHES).map(lambda kw: Policy(**kw))  # type: ignore[arg-type]
+
+
+def test_policies_draw_every_switch() -> None:
+    assert set(_POLICY_SWITCHES) == {f.name for f in fields(Policy)}
 
 
 @st.composite
 def _chunkings(draw: st.DrawFn, retention: int | None = 0) -> Chunking:
     geometry = draw(geometries(max_groups=4, hash_divides_blocks=draw(st.booleans())))
-    # One EAGLE group at most: with two, engine detail 2 (no re-peek) applies.
-    assume(sum(g.is_eagle for g in geometry.groups) <= 1)
     if draw(st.booleans()):
         knob: BlocksPerChunk | PerGroupBlocksPerChunk = BlocksPerChunk(draw(st.integers(1, 4)))
     else:
@@ -200,35 +351,49 @@ def _chunkings(draw: st.DrawFn, retention: int | None = 0) -> Chunking:
     return chunking
 
 
+_ANSWERS = st.sampled_from(
+    (LookupResult.HIT,) * 6 + (LookupResult.HIT_PENDING, LookupResult.MISS, LookupResult.MISS)
+)
+
+
 @given(_chunkings(), st.integers(1, 400), st.data())
 def test_planner_lookup_equals_rules(chunking: Chunking, n: int, data: st.DataObject) -> None:
+    """Under every policy and any store answers (pending included), the Planner's lookup is
+    :func:`rules.hit` over the chunks held (HIT or HIT_PENDING), and None exactly when a
+    chunk that hit needs is still pending."""
     hashes = prefix_block_hashes(list(range(n)), chunking.tokens_per_hash)
     step = math.lcm(*(gc.group.tokens_per_block for gc in chunking.groups))
     computed = data.draw(st.integers(0, (n - 1) // step)) * step
     keys = [group_keys(hashes, gc) for gc in chunking.groups]
-    often = st.sampled_from((True, True, True, False))
-    held = [[data.draw(often) for _ in ks] for ks in keys]
-    store = _held_store(keys, held)
+    answers = [[data.draw(_ANSWERS) for _ in ks] for ks in keys]
     budget = data.draw(st.none() | st.integers(0, 400))
     max_load = data.draw(st.none() | st.integers(0, 400))
-    rule = data.draw(st.sampled_from(list(LastTokenRule)))
-    planner = Planner(chunking, store, Policy(last_token=rule))  # type: ignore[arg-type]
+    policy = data.draw(policies)
+    planner = Planner(chunking, _answering(keys, answers), policy)  # type: ignore[arg-type]
     planner.new_request("r", n, max_load_tokens=max_load)
     got = planner.lookup("r", hashes, n, computed, budget)
     windowed = any(gc.window_in_chunks is not None for gc in chunking.groups)
     limit = rules.hit_limit(
-        n, computed, (budget, max_load), windowed, rule, chunking.mamba_align_tokens
+        n, computed, (budget, max_load), windowed, policy.last_token, chunking.mamba_align_tokens
     )
     want = rules.hit(
-        chunking.groups, [len(k) for k in keys], lambda g, k: held[g][k], computed, limit,
-        max_load is not None,
+        chunking.groups, [len(k) for k in keys],
+        lambda g, k: answers[g][k] is not LookupResult.MISS, computed, limit,
+        max_load is not None, policy.window,
     )
-    assert got == want
+    pending = want > 0 and any(
+        answers[g][k] is LookupResult.HIT_PENDING
+        for g, gc in enumerate(chunking.groups)
+        for k in rules.needed_chunks(gc, computed, computed + want, policy.window)
+    )
+    assert got == (None if pending else want)
 
 
-def test_engine_detail_verified_eagle_groups_are_not_peeked_again() -> None:
-    """Two EAGLE groups: the second shrinks the hit to 128, the first (already verified)
-    is not asked for its peek chunk 4 again, which is missing.  The rules say 0."""
+def test_two_eagle_groups_each_peek_at_the_hit_end() -> None:
+    """Two EAGLE groups: the second shrinks the hit to 128; the first must then show its
+    peek past 128 (chunk 4), which is missing, so nothing hits.  vLLM's incremental loop
+    answers 128 here: a group that peeked at a larger end is not asked again (no recorded
+    case has two EAGLE groups; the peek guards the hit's end, so the rules' 0 is intended)."""
     geometry = Geometry(
         groups=(
             KVGroup(0, SW, 8, sliding_window=1, is_eagle=True),
@@ -243,14 +408,21 @@ def test_engine_detail_verified_eagle_groups_are_not_peeked_again() -> None:
     store = _held_store(keys, held)
     planner = Planner(chunking, store)  # type: ignore[arg-type]
     planner.new_request("r", 256)
-    assert planner.lookup("r", hashes, 256, 0) == 128
+    assert planner.lookup("r", hashes, 256, 0) == 0
     limit = rules.hit_limit(256, 0, (), True, LastTokenRule.REQUEST_END, None)
     assert rules.hit(chunking.groups, [8, 2], lambda g, k: held[g][k], 0, limit, False) == 0
+    # With chunk 4 held the same hit reaches 128 (group 1 holds two 128-token chunks,
+    # the last one its peek).
+    held[0][4] = True
+    planner = Planner(chunking, _held_store(keys, held))  # type: ignore[arg-type]
+    planner.new_request("r", 256)
+    assert planner.lookup("r", hashes, 256, 0) == 128
 
 
 @given(st.integers(1, 300), st.data())
 def test_planner_store_job_equals_rules(n: int, data: st.DataObject) -> None:
     retention = data.draw(st.sampled_from((0, None)))
+    policy = replace(data.draw(policies), retention_interval=retention)
     chunking = data.draw(_chunkings(retention))
     hashes = tuple(prefix_block_hashes(list(range(n)), chunking.tokens_per_hash))
     width = max(g.index for g in chunking.geometry.groups) + 1
@@ -272,7 +444,7 @@ def test_planner_store_job_equals_rules(n: int, data: st.DataObject) -> None:
         num_scheduled_tokens=0 if finished else scheduled, block_hashes=hashes,
         new_block_ids=tuple(tables), is_full_table=True, is_finished=finished,
     )
-    planner = Planner(chunking, ChunkStore(10_000), Policy(retention_interval=retention))
+    planner = Planner(chunking, ChunkStore(10_000), policy)
     planner.new_request("r", n)
     jobs = planner.step([info])
     offered = [job.keys for _, job in jobs]
@@ -285,7 +457,8 @@ def test_planner_store_job_equals_rules(n: int, data: st.DataObject) -> None:
     for gc in chunking.groups:
         state = rules.StoreState(
             tables[gc.group.index], len(group_keys(hashes, gc)),
-            rules.offloadable_tokens(after, n, n, None, True), n, n, finished, boundaries,
+            rules.offloadable_tokens(after, n, n, None, policy.offload_prompt_only), n, n,
+            finished, boundaries,
         )
         chunks = rules.storable_chunks(gc, state, 0, chunking.alignment_tokens, retention)
         want.extend(group_keys(hashes, gc)[k] for k in chunks)
@@ -329,3 +502,25 @@ def test_rules_hit_invariants(chunking: Chunking, n: int, data: st.DataObject) -
         missing = [k for k in needed if k >= num_keys[g] or not held[g][k]]
         assert not missing, f"group {gc.group.index}: a {h}-token hit needs unheld chunks {missing}"
     assert hit(more) >= h, f"holding more chunks shortened the hit: {hit(more)} < {h}"
+
+
+@given(_chunkings(), st.integers(1, 400), st.integers(0, 400), st.booleans(), st.data())
+def test_full_group_end_bisection_equals_the_scan(
+    chunking: Chunking, n: int, computed: int, align: bool, data: st.DataObject
+) -> None:
+    """The bisection that finds a full group's largest end equals scanning every end."""
+    full = [gc for gc in chunking.groups if gc.window_in_chunks is None]
+    assume(full)
+    gc = full[0]
+    num_keys = n // gc.tokens_per_chunk
+    held = [data.draw(st.sampled_from((True, True, True, False))) for _ in range(num_keys)]
+    limit = data.draw(st.integers(0, n))
+    scanned = rules._largest_end(
+        (gc,), (0,), (num_keys,), lambda _, k: held[k], computed, limit, align,
+        rules.WindowRule.TOKENS_BEFORE_END,
+    )
+    bisected = rules._largest_prefix_end(
+        gc, num_keys, lambda k: held[k], computed, limit, align,
+        rules.WindowRule.TOKENS_BEFORE_END,
+    )
+    assert bisected == scanned

@@ -5,7 +5,7 @@ descriptors (``SingleDirectionOffloadingHandler._fill_direct_ops`` /
 ``compute_sub_block_ptrs``, run by ``EmulatedVllmWorker`` of ``tests/emulated_worker.py``),
 executed byte by byte with ``memmove`` on CPU tensors: the same pointers vLLM's
 CUDA worker would hand to ``swap_blocks``.  Both workers get the GPU side of a
-job as vLLM's connector worker passes it (``vllm_api.worker_gpu_arg``): the
+job as vLLM's connector worker passes it (``vllm_shims.worker_gpu_arg``): the
 ``GPULoadStoreSpec`` on 0.33.0, ``DevicePointers`` on 0.34.0.
 """
 
@@ -24,10 +24,10 @@ from emulated_worker import EmulatedVllmWorker  # noqa: E402
 
 from conformance import driver as D  # noqa: E402
 from conformance import kvdata  # noqa: E402
+from conformance import vllm_harness_api as V  # noqa: E402
 from conformance.trace import RequestSpec  # noqa: E402
 from reference.transfer import TensorRef  # noqa: E402
 from vllm_adapter import spec as S  # noqa: E402
-from vllm_adapter import vllm_api as V  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -220,7 +220,7 @@ def _device_pointers_or_skip() -> None:
 def test_gpu_blocks_inverts_vllms_device_pointers(
     bpc: int, ids: list[int], sizes: list[int], firsts: list[int], chunks: list[int]
 ) -> None:
-    """``vllm_api.gpu_blocks`` gives back the job vLLM's ``resolve_device_pointers`` resolved.
+    """``vllm_shims.gpu_blocks`` gives back the job vLLM's ``resolve_device_pointers`` resolved.
 
     Padded rows (stride 128 for a 96-byte page), two tensors, a group with two
     refs and groups sharing a tensor; every ref of a group must name the same

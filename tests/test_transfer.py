@@ -1,14 +1,17 @@
-"""reference.transfer (the spec): the block <-> chunk-slot byte mapping and its executors.
+"""reference.transfer (the spec): the block <-> chunk-slot byte mapping and its executor.
 
-The oracle below is the specification read literally: one Python loop per block
-and ref, byte slices, no tensor tricks.  The properties compare the spec's
-vectorized plan and its per-row gather/scatter against it on random layouts,
-jobs and contents.  The fast path (reference.transfer_fast) is compared with the
-spec byte for byte in tests/test_transfer_fast.py.
+The mapping (``job_copies``) is checked against what any correct layout must
+do -- each listed block copied once per layer of its group, blocks filling
+chunks in request order, no two copies sharing a byte, everything inside the
+slot -- and against hand-computed offsets (notes section 6.3).  The spec's
+gather/scatter are checked to write exactly the bytes the mapping names and
+nothing else, and to reject bad calls before any write.  The fast path
+(reference.transfer_fast) is compared with the spec in tests/test_transfer_fast.py.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,13 +23,15 @@ from hypothesis import strategies as st
 from reference.transfer import (
     TensorRef,
     TransferLayout,
+    chunks_of,
     gather,
-    plan_copies,
+    job_copies,
+    place,
     scatter,
 )
 
 # ---------------------------------------------------------------------------
-# The oracle
+# Jobs, and what the mapping says a job does
 # ---------------------------------------------------------------------------
 
 Copy = tuple[int, int, int, int, int]
@@ -49,73 +54,32 @@ class Job:
         )
 
 
-def oracle_copies(layout: TransferLayout, job: Job) -> list[Copy]:
-    """Every byte-range copy the job makes, one block and one ref at a time."""
-    pages = layout.page_bytes
-    copies: list[Copy] = []
-    next_block = next_slot = 0
-    for g, (n, first) in enumerate(zip(job.group_sizes, job.block_indices, strict=True)):
-        if n == 0:
-            continue
-        b = layout.blocks_per_chunk[g]
-        skip = first % b
-        for k in range(n):
-            block = job.block_ids[next_block + k]
-            slot = job.slot_ids[next_slot + (k + skip) // b]
-            sub = (k + skip) % b
-            for ref in layout.group_refs[g]:
-                t = ref.tensor_index
-                offset = sum(pages[:t]) * b + sub * pages[t]
-                copies.append((t, block, slot, offset, ref.nbytes))
-        next_block += n
-        next_slot += -(-(n + skip) // b)
-    assert next_block == len(job.block_ids) and next_slot == len(job.slot_ids)
-    return copies
+def spec_copies(layout: TransferLayout, job: Job) -> list[Copy]:
+    """The spec's copies of ``job`` as plain tuples."""
+    return [
+        (c.tensor, c.block_id, c.slot_id, c.offset, c.nbytes)
+        for c in job_copies(layout, *job.args())
+    ]
 
 
-def oracle_gather(layout: TransferLayout, gpu: list[torch.Tensor], pool: torch.Tensor, job: Job):
+def expected_gather(
+    layout: TransferLayout, gpu: list[torch.Tensor], pool: torch.Tensor, job: Job
+) -> torch.Tensor:
+    """The pool after a store of ``job``: each copy's bytes, written one by one."""
     out = pool.clone()
-    for t, block, slot, offset, nbytes in oracle_copies(layout, job):
+    for t, block, slot, offset, nbytes in spec_copies(layout, job):
         out[slot, offset : offset + nbytes] = gpu[t][block, :nbytes]
     return out
 
 
-def oracle_scatter(layout: TransferLayout, gpu: list[torch.Tensor], pool: torch.Tensor, job: Job):
+def expected_scatter(
+    layout: TransferLayout, gpu: list[torch.Tensor], pool: torch.Tensor, job: Job
+) -> list[torch.Tensor]:
+    """The canonical tensors after a load of ``job``."""
     out = [g.clone() for g in gpu]
-    for t, block, slot, offset, nbytes in oracle_copies(layout, job):
+    for t, block, slot, offset, nbytes in spec_copies(layout, job):
         out[t][block, :nbytes] = pool[slot, offset : offset + nbytes]
     return out
-
-
-def planned_copies(layout: TransferLayout, job: Job) -> list[Copy]:
-    plan = plan_copies(layout, *job.args())
-    assert [c.tensor_index for c in plan] == list(range(layout.num_tensors))
-    rows: list[Copy] = []
-    for c in plan:
-        assert c.page_bytes == layout.page_bytes[c.tensor_index]
-        n = c.num_copies
-        for name in ("block_ids", "slot_ids", "sub_slots", "slot_offsets", "nbytes"):
-            tensor = getattr(c, name)
-            assert tensor.dtype == torch.int64 and tensor.shape == (n,), name
-        # runs partition the rows, and agree with the per-row tensors
-        bounds = [0, *(r.stop for r in c.runs)]
-        assert [(r.start, r.stop) for r in c.runs] == list(zip(bounds, bounds[1:], strict=False))
-        assert bounds[-1] == n and all(r.start < r.stop for r in c.runs)
-        for r in c.runs:
-            rows_ = slice(r.start, r.stop)
-            assert bool((c.nbytes[rows_] == r.nbytes).all())
-            expected = r.region_offset + c.sub_slots[rows_] * c.page_bytes
-            assert torch.equal(c.slot_offsets[rows_], expected)
-            assert bool((c.sub_slots[rows_] < r.blocks_per_chunk).all())
-        rows += zip(
-            [c.tensor_index] * n,
-            c.block_ids.tolist(),
-            c.slot_ids.tolist(),
-            c.slot_offsets.tolist(),
-            c.nbytes.tolist(),
-            strict=True,
-        )
-    return rows
 
 
 # ---------------------------------------------------------------------------
@@ -221,10 +185,60 @@ def make_tensors(case: Case, gen: torch.Generator, padded: bool, device: str = "
 
 
 @given(cases())
-def test_plan_matches_oracle(case: Case) -> None:
-    assert sorted(planned_copies(case.layout, case.job)) == sorted(
-        oracle_copies(case.layout, case.job)
-    )
+def test_each_listed_block_is_copied_once_per_layer_of_its_group(case: Case) -> None:
+    layout, job = case.layout, case.job
+    copies = job_copies(layout, *job.args())
+    want: Counter[tuple[int, int, int]] = Counter()
+    cursor = 0
+    for g, n in enumerate(job.group_sizes):
+        for block in job.block_ids[cursor : cursor + n]:
+            want.update((g, r.tensor_index, block) for r in layout.group_refs[g])
+        cursor += n
+    assert Counter((c.group, c.tensor, c.block_id) for c in copies) == want
+    nbytes = {(g, r.tensor_index): r.nbytes for g, refs in enumerate(layout.group_refs) for r in refs}
+    assert all(c.nbytes == nbytes[c.group, c.tensor] for c in copies)
+
+
+@given(cases())
+def test_blocks_fill_chunks_in_request_order(case: Case) -> None:
+    """Positions p and p' share a chunk iff p // B == p' // B; chunks take the group's slot ids in order."""
+    layout, job = case.layout, case.job
+    copies = job_copies(layout, *job.args())
+    slot_cursor = 0
+    for g, (n, first) in enumerate(zip(job.group_sizes, job.block_indices, strict=True)):
+        b = layout.blocks_per_chunk[g]
+        mine = [c for c in copies if c.group == g]
+        assert [c.position for c in mine] == [
+            p for p in range(first, first + n) for _ in layout.group_refs[g]
+        ]
+        num_chunks = (first + n - 1) // b - first // b + 1 if n else 0
+        slots = job.slot_ids[slot_cursor : slot_cursor + num_chunks]
+        for c in mine:
+            assert c.sub_slot == c.position % b
+            assert c.slot_id == slots[c.position // b - first // b]
+        assert sorted({c.slot_id for c in mine}) == sorted(slots)  # every chunk used
+        slot_cursor += num_chunks
+    assert slot_cursor == len(job.slot_ids)
+
+
+@given(cases())
+def test_copies_never_share_a_byte_and_stay_inside_the_slot(case: Case) -> None:
+    layout = case.layout
+    written: dict[int, set[int]] = {}
+    for c in job_copies(layout, *case.job.args()):
+        assert 0 <= c.offset and c.offset + c.nbytes <= layout.slot_bytes
+        # the sub-slot is a page of its tensor: the copy stays inside it
+        assert c.nbytes <= layout.page_bytes[c.tensor]
+        span = set(range(c.offset, c.offset + c.nbytes))
+        assert not span & written.setdefault(c.slot_id, set()), c
+        written[c.slot_id] |= span
+
+
+@given(st.integers(0, 200), st.integers(0, 40), st.integers(1, 9))
+def test_chunks_of_are_the_chunks_of_first_and_last_block(first: int, n: int, b: int) -> None:
+    span = chunks_of(first, n, b)
+    assert list(span) == sorted({place(p, b)[0] for p in range(first, first + n)})
+    assert all(0 <= place(p, b)[1] < b for p in range(first, first + n))
 
 
 def _pool_backing_with(ts: Tensors, case: Case, before: torch.Tensor, pool: torch.Tensor):
@@ -242,22 +256,22 @@ def _gpu_backing_with(ts: Tensors, t: int, before: torch.Tensor, rows: torch.Ten
 
 
 @given(cases(), st.booleans())
-def test_gather_writes_exactly_the_oracle_bytes(case: Case, padded: bool) -> None:
+def test_gather_writes_exactly_the_mapped_bytes(case: Case, padded: bool) -> None:
     gen = torch.Generator().manual_seed(case.seed)
     ts = make_tensors(case, gen, padded)
-    expected_pool = oracle_gather(case.layout, ts.gpu, ts.pool, case.job)
+    expected_pool = expected_gather(case.layout, ts.gpu, ts.pool, case.job)
     before = ts.snapshot()
     gather(case.layout, ts.gpu, ts.pool, *case.job.args())
-    # every pool byte is the oracle's, padding around the pool view and the sources untouched
+    # every pool byte is the mapping's, padding around the pool view and the sources untouched
     assert torch.equal(ts.backing[-1], _pool_backing_with(ts, case, before[-1], expected_pool))
     assert all(torch.equal(a, b) for a, b in zip(ts.backing[:-1], before[:-1], strict=True))
 
 
 @given(cases(), st.booleans())
-def test_scatter_writes_exactly_the_oracle_bytes(case: Case, padded: bool) -> None:
+def test_scatter_writes_exactly_the_mapped_bytes(case: Case, padded: bool) -> None:
     gen = torch.Generator().manual_seed(case.seed)
     ts = make_tensors(case, gen, padded)
-    expected = oracle_scatter(case.layout, ts.gpu, ts.pool, case.job)
+    expected = expected_scatter(case.layout, ts.gpu, ts.pool, case.job)
     before = ts.snapshot()
     scatter(case.layout, ts.gpu, ts.pool, *case.job.args())
     for t, rows in enumerate(expected):
@@ -273,7 +287,7 @@ def test_round_trip_restores_listed_bytes_only(case: Case, padded: bool) -> None
     gather(case.layout, src.gpu, src.pool, *case.job.args())
     dst = [random_bytes(tuple(g.shape), gen) for g in src.gpu]
     expected = [d.clone() for d in dst]
-    for t, block, _slot, _offset, nbytes in oracle_copies(case.layout, case.job):
+    for t, block, _slot, _offset, nbytes in spec_copies(case.layout, case.job):
         expected[t][block, :nbytes] = src.gpu[t][block, :nbytes]
     scatter(case.layout, dst, src.pool, *case.job.args())
     assert all(torch.equal(a, b) for a, b in zip(dst, expected, strict=True))
@@ -553,11 +567,11 @@ def test_ids_may_be_tensors() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "pageable"])
 @given(case=cases())
-def test_cuda_matches_oracle(pinned: bool, case: Case) -> None:
+def test_cuda_matches_the_mapping(pinned: bool, case: Case) -> None:
     """Cache on the GPU; pool in pinned or pageable host memory, then on the GPU too."""
     gen = torch.Generator().manual_seed(case.seed)
     cpu = make_tensors(case, gen, padded=False)
-    expected_pool = oracle_gather(case.layout, cpu.gpu, cpu.pool, case.job)
+    expected_pool = expected_gather(case.layout, cpu.gpu, cpu.pool, case.job)
     gpu = [g.cuda() for g in cpu.gpu]
     pool = cpu.pool.pin_memory() if pinned else cpu.pool.clone()
     gather(case.layout, gpu, pool, *case.job.args())
@@ -566,7 +580,7 @@ def test_cuda_matches_oracle(pinned: bool, case: Case) -> None:
     scatter(case.layout, dst, pool, *case.job.args())
     torch.cuda.synchronize()
     zeros = [torch.zeros_like(g) for g in cpu.gpu]
-    expected = oracle_scatter(case.layout, zeros, expected_pool, case.job)
+    expected = expected_scatter(case.layout, zeros, expected_pool, case.job)
     assert all(torch.equal(a.cpu(), b) for a, b in zip(dst, expected, strict=True))
     pool_dev = cpu.pool.cuda()
     gather(case.layout, gpu, pool_dev, *case.job.args())

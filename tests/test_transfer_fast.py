@@ -1,6 +1,8 @@
 """reference.transfer_fast writes exactly the bytes reference.transfer (the spec) writes.
 
-Every drawn case builds the same random KV cache and chunk pool twice, runs the
+The fast path plans its copies itself (it never calls the spec's mapping), so
+a mistake on either side shows here: its plan is compared with the spec's
+copies, and its writes with the spec's, byte for byte.  Every drawn case builds the same random KV cache and chunk pool twice, runs the
 spec's per-row gather/scatter on one copy and the fast path on the other, and
 compares every byte of every backing buffer: the views' bytes and the bytes
 around them.  Cases cover several groups with different ``tokens_per_block`` and
@@ -9,7 +11,8 @@ decide the fast path's word width), partial pages, padded rows, and canonical
 tensors laid out as vLLM lays them out: separate allocations, or views of one
 buffer that are equally spaced (bundled by the fast path), interleaved per
 block, gapped, unevenly spaced, aliased, or overlapping (which the fast path's proofs must
-refuse to bundle).  Jobs skip leading sub-slots, leave groups empty and may
+refuse to bundle), and packed (vLLM's folded block-outermost cache: one canonical
+tensor whose page is the packed block, one ref per group).  Jobs skip leading sub-slots, leave groups empty and may
 list the null block 0; repeated ids are rejected by both, before any write.
 """
 
@@ -23,13 +26,13 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from test_transfer import FIXED_CASE, MUTATIONS, Job, check_rejected, oracle_copies
+from test_transfer import FIXED_CASE, MUTATIONS, Job, check_rejected, spec_copies
 
 import reference.transfer as spec
 import reference.transfer_fast as fast
 from conformance.strategies import geometries
-from reference.transfer import IdsLike, TensorCopies, TensorRef, TransferLayout
-from reference.transfer_checks import check_tensors
+from reference.transfer import IdsLike, TensorRef, TransferLayout
+from reference.transfer_fast import TensorCopies
 
 Executor = Callable[
     [TransferLayout, Sequence[torch.Tensor], torch.Tensor, IdsLike, Sequence[int], Sequence[int],
@@ -57,8 +60,9 @@ def _checked(path: Path) -> Executor:
         block_indices: Sequence[int],
         slot_ids: IdsLike,
     ) -> None:
-        plan = spec.plan_copies(layout, block_ids, group_sizes, block_indices, slot_ids)
-        check_tensors(layout, gpu_tensors, pool, plan)
+        plan = fast.checked_plan(
+            layout, gpu_tensors, pool, block_ids, group_sizes, block_indices, slot_ids
+        )
         path(plan, gpu_tensors, pool)
 
     return run
@@ -68,8 +72,12 @@ FAST: dict[tuple[str, str], Executor] = {
     ("gather", "dispatch"): fast.gather,
     ("scatter", "dispatch"): fast.scatter,
     # The device path works on any device; on the CPU this is its only coverage.
-    ("gather", "device path"): _checked(fast.device_gather),
-    ("scatter", "device path"): _checked(fast.device_scatter),
+    ("gather", "device path"): _checked(
+        lambda plan, gpu, pool: fast.device_gather(plan, gpu, pool, fast.BATCH_BYTES)
+    ),
+    ("scatter", "device path"): _checked(
+        lambda plan, gpu, pool: fast.device_scatter(plan, gpu, pool, fast.BATCH_BYTES)
+    ),
 }
 PATHS = {"cpu": ("dispatch", "device path"), "cuda": ("dispatch",)}
 POOLS = {"cpu": ("cpu",), "cuda": ("cpu", "pinned", "cuda")}
@@ -121,7 +129,15 @@ def layouts(draw: st.DrawFn, element_bytes: int) -> TransferLayout:
 
     copied = [nbytes(p) for p in pages]  # the same for every layer of a group, as in vLLM
 
-    if draw(st.booleans()):  # layer l of every group lives in canonical tensor l
+    kind = draw(st.sampled_from(("shared", "per layer", "packed")))
+    if kind == "packed":  # one tensor, each block packing every group's page
+        page = pad + max(copied)
+        return TransferLayout(
+            (page,),
+            tuple((TensorRef(0, n),) for n in copied),
+            tuple(draw(st.integers(1, 5)) for _ in geometry.groups),
+        )
+    if kind == "shared":  # layer l of every group lives in canonical tensor l
         num_tensors = max(g.num_layers for g in geometry.groups)
         page_bytes = [
             pad + max(p for g, p in zip(geometry.groups, pages, strict=True) if g.num_layers > t)
@@ -251,9 +267,9 @@ def build(case: Case, device: str, pool_at: str) -> Buffers:
 
 
 def addressed(case: Case, bufs: Buffers, direction: str) -> list[torch.Tensor]:
-    """Per backing buffer, the bytes ``direction`` may write (per the oracle of test_transfer)."""
+    """Per backing buffer, the bytes ``direction`` may write (per the spec's copies)."""
     masks = [torch.zeros(b.numel(), dtype=torch.bool) for b in bufs.backing]
-    for t, block, slot, offset, nbytes in oracle_copies(case.layout, case.job):
+    for t, block, slot, offset, nbytes in spec_copies(case.layout, case.job):
         if direction == "gather":
             pool = bufs.pool
             at = pool.storage_offset() + slot * pool.stride(0) + offset
@@ -270,20 +286,40 @@ def _first_difference(a: torch.Tensor, b: torch.Tensor) -> str:
     return f"byte {i}: {int(a[i])} vs {int(b[i])} ({int((a != b).sum())} bytes differ)"
 
 
+def _outcome(
+    executor: Executor, layout: TransferLayout, bufs: Buffers, args: tuple[list[int], ...]
+) -> Exception | None:
+    """What ``executor`` raised on the call (asserted on by :func:`compare`), or None."""
+    try:
+        executor(layout, bufs.gpu, bufs.pool, *args)  # type: ignore[arg-type]
+    except Exception as error:  # compared below: only a ValueError is a rejection
+        return error
+    return None
+
+
 def compare(direction: str, executor: Executor, case: Case, device: str, pool_at: str) -> None:
     """Run the spec and ``executor`` on identical buffers; AssertionError at the first difference.
 
-    Also: bytes the job does not address are unchanged in every buffer.
+    Both must accept the call, or both reject it with ``ValueError`` and write
+    nothing.  Also: bytes the job does not address are unchanged in every buffer.
     """
     expected, actual = build(case, device, pool_at), build(case, device, pool_at)
     before = [b.cpu().clone() for b in actual.backing]
     args = case.job.args()
-    getattr(spec, direction)(case.layout, expected.gpu, expected.pool, *args)
+    want_error = _outcome(getattr(spec, direction), case.layout, expected, args)
     with batch_bytes(case.batch_bytes):
-        executor(case.layout, actual.gpu, actual.pool, *args)
+        got_error = _outcome(executor, case.layout, actual, args)
+    if want_error is not None or got_error is not None:
+        assert isinstance(want_error, ValueError) and isinstance(got_error, ValueError), (
+            f"vs the spec: a call must be accepted by both or rejected (ValueError) by both; "
+            f"the spec raised {want_error!r}, the fast path {got_error!r}"
+        )
     if device == "cuda":
         torch.cuda.synchronize()
-    masks = addressed(case, actual, direction)
+    if want_error is None:
+        masks = addressed(case, actual, direction)
+    else:  # rejected: nothing may change
+        masks = [torch.zeros(b.numel(), dtype=torch.bool) for b in actual.backing]
     for k, (want, got, old, mask) in enumerate(
         zip(expected.backing, actual.backing, before, masks, strict=True)
     ):
@@ -312,101 +348,48 @@ def test_fast_path_writes_the_spec_bytes(
     compare(direction, FAST[(direction, path)], case, device, pool_at)
 
 
+def planned_copies(layout: TransferLayout, job: Job) -> list[tuple[int, int, int, int, int]]:
+    """The fast plan's rows as ``(tensor, block id, slot id, offset, nbytes)``, checked for shape."""
+    plan = fast.plan_copies(layout, *job.args())
+    assert [c.tensor_index for c in plan] == list(range(layout.num_tensors))
+    rows: list[tuple[int, int, int, int, int]] = []
+    for c in plan:
+        assert c.page_bytes == layout.page_bytes[c.tensor_index]
+        n = c.num_copies
+        for name in ("block_ids", "slot_ids", "sub_slots", "slot_offsets", "nbytes"):
+            tensor = getattr(c, name)
+            assert tensor.dtype == torch.int64 and tensor.shape == (n,), name
+        # runs partition the rows, and agree with the per-row tensors
+        bounds = [0, *(r.stop for r in c.runs)]
+        assert [(r.start, r.stop) for r in c.runs] == list(zip(bounds, bounds[1:], strict=False))
+        assert bounds[-1] == n and all(r.start < r.stop for r in c.runs)
+        for r in c.runs:
+            rows_ = slice(r.start, r.stop)
+            assert bool((c.nbytes[rows_] == r.nbytes).all())
+            expected = r.region_offset + c.sub_slots[rows_] * c.page_bytes
+            assert torch.equal(c.slot_offsets[rows_], expected)
+            assert bool((c.sub_slots[rows_] < r.blocks_per_chunk).all())
+        rows += zip(
+            [c.tensor_index] * n,
+            c.block_ids.tolist(),
+            c.slot_ids.tolist(),
+            c.slot_offsets.tolist(),
+            c.nbytes.tolist(),
+            strict=True,
+        )
+    return rows
+
+
+@given(case=cases())
+def test_fast_plan_is_the_spec_copies(case: Case) -> None:
+    """Same copies (as a multiset: the fast plan orders them per tensor)."""
+    assert sorted(planned_copies(case.layout, case.job)) == sorted(
+        spec_copies(case.layout, case.job)
+    )
+
+
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
 def test_fast_path_rejects_what_the_spec_rejects(mutation: str) -> None:
     """Repeated ids, ids out of range, bad tensors...: ValueError, and nothing written."""
     for direction in (spec.gather, spec.scatter, fast.gather, fast.scatter):
         assert check_rejected(direction, mutation, FIXED_CASE)
-
-
-# ---------------------------------------------------------------------------
-# The comparison can fail
-# ---------------------------------------------------------------------------
-
-TWO_LAYERS = Case(
-    layout=TransferLayout.uniform((32, 32), [[TensorRef(0, 32)], [TensorRef(1, 32)]], 2),
-    job=Job(block_ids=(1, 2, 3, 4), group_sizes=(2, 2), block_indices=(0, 0), slot_ids=(0, 1)),
-    num_blocks=6,
-    num_slots=3,
-    element_bytes=2,
-    arrangement="outer",
-    row_pad=0,
-    base=0,
-    seed=7,
-    batch_bytes=fast.BATCH_BYTES,
-)
-"""Two equally spaced layers of one buffer, in two groups with different blocks."""
-
-
-def _bundles_without_proof(
-    group: list[TensorCopies], copies: TensorCopies, tensors: Sequence[torch.Tensor]
-) -> bool:
-    """A broken ``_bundles_with``: same buffer, equal spacing; never checks the copies agree."""
-    a, b = tensors[group[0].tensor_index], tensors[copies.tensor_index]
-    return (
-        copies.tensor_index == group[-1].tensor_index + 1
-        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-        and a.stride() == b.stride()
-        and len(copies.runs) == len(group[0].runs)
-    )
-
-
-OVERLAPPING_LAYERS = Case(
-    layout=TransferLayout((16, 16), ((TensorRef(0, 16), TensorRef(1, 16)),), (4,)),
-    job=Job(block_ids=(0, 1, 2, 3), group_sizes=(4,), block_indices=(0,), slot_ids=(1,)),
-    num_blocks=6,
-    num_slots=2,
-    element_bytes=1,
-    arrangement="overlapping",
-    row_pad=0,
-    base=0,
-    seed=3,
-    batch_bytes=fast.BATCH_BYTES,
-)
-"""One group's two layers, equally spaced but half a page apart: bundling them is wrong."""
-
-
-def test_comparison_passes_on_the_fixed_cases() -> None:
-    """The cases below break only the executor: unbroken, the comparison passes."""
-    for case in (TWO_LAYERS, OVERLAPPING_LAYERS):
-        for direction in ("gather", "scatter"):
-            compare(direction, FAST[(direction, "dispatch")], case, "cpu", "cpu")
-
-
-@pytest.mark.parametrize("direction", ["gather", "scatter"])
-def test_comparison_catches_a_bundle_without_its_proof(
-    direction: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(fast, "_bundles_with", _bundles_without_proof)
-    with pytest.raises(AssertionError, match="vs the spec"):
-        compare(direction, FAST[(direction, "dispatch")], TWO_LAYERS, "cpu", "cpu")
-
-
-def test_comparison_catches_a_bundle_of_overlapping_views(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without the overlap proof the two layers are bundled, and a load writes them out of order."""
-    monkeypatch.setattr(fast, "_disjoint", lambda sizes, strides: True)
-    with pytest.raises(AssertionError, match="vs the spec"):
-        compare("scatter", FAST[("scatter", "dispatch")], OVERLAPPING_LAYERS, "cpu", "cpu")
-
-
-def _gather_one_byte_off(*args: object) -> None:
-    fast.gather(*args)  # type: ignore[arg-type]
-    pool = args[2]
-    assert isinstance(pool, torch.Tensor)
-    pool[0, 0] ^= 1  # slot 0, sub-slot 0 holds block 1 of group 0
-
-
-def _scatter_and_touch_another_block(*args: object) -> None:
-    fast.scatter(*args)  # type: ignore[arg-type]
-    gpu = args[1]
-    assert isinstance(gpu, list)
-    gpu[0][5, 0] ^= 1  # block 5 is in no job
-
-
-@pytest.mark.parametrize(
-    ("direction", "broken"),
-    [("gather", _gather_one_byte_off), ("scatter", _scatter_and_touch_another_block)],
-)
-def test_comparison_catches_a_wrong_or_stray_byte(direction: str, broken: Executor) -> None:
-    with pytest.raises(AssertionError, match="vs the spec"):
-        compare(direction, broken, TWO_LAYERS, "cpu", "cpu")

@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from conformance import driver as D  # noqa: E402
+from conformance import vllm_harness_api as V  # noqa: E402
 from conformance.trace import (  # noqa: E402
     AbortSpec,
     Alloc,
@@ -33,7 +34,6 @@ from conformance.trace import (  # noqa: E402
 from reference.geometry import GroupKind  # noqa: E402
 from reference.keys import chunk_key  # noqa: E402
 from reference.knobs import BlocksPerChunk, Chunking, resolve  # noqa: E402
-from vllm_adapter import vllm_api as V  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -1,1 +1,7 @@
-"""The one place kvchunk touches vLLM: every vLLM import lives in :mod:`vllm_adapter.vllm_api`."""
+"""Where kvchunk touches vLLM.
+
+Every vLLM import lives in :mod:`vllm_adapter.vllm_api` (serving),
+:mod:`vllm_adapter.vllm_tools_api` (config tooling, fixture derivation),
+:mod:`vllm_adapter.vllm_shims` (release differences) or, for the conformance
+suite, :mod:`conformance.vllm_harness_api`.
+"""

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from vllm_adapter import vllm_api as V
+from vllm_adapter import vllm_tools_api as V
 from vllm_adapter.names import CPU_SPEC
 
 __all__ = [

@@ -5,8 +5,14 @@ A fixture (``vllm_adapter/fixtures/<vLLM version>/<name>.json``) is what
 planning on CPU, serialized as plain JSON so that loading it costs no model work.
 Fixtures are stored per release (each release's planning, codec fields and spec
 classes are its own); loading reads the directory of the installed vLLM
-(``V.VLLM_VERSION``) and fails with :class:`MissingFixturesError` when it has
-none -- there is no fallback to another release's geometry.  This module turns
+(``V.VLLM_VERSION``).  There is no fallback to another release's geometry: an
+installed vLLM with no stored directory that is not older than the oldest stored
+release (a dev, rc or post build, or a newer release) has its fixtures derived
+live, once per version and recipe sources, into a cache outside the repository
+(:func:`live_cache_dir`: ``$KVCHUNK_FIXTURES_CACHE`` or the temp dir); any
+other version fails with :class:`MissingFixturesError`.
+:func:`fixture_differences` names, field by field, where a stored fixture and
+the live derivation disagree.  This module turns
 a fixture back into *real* vLLM objects:
 
 * :func:`load_fixture` reads the JSON;
@@ -31,14 +37,19 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import hashlib
 import json
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from vllm_adapter import vllm_api as V
+from packaging.version import InvalidVersion, Version
+
+from vllm_adapter import vllm_tools_api as V
 from vllm_adapter.codec import (
     DEFAULT_CPU_BYTES,
     MODELS_DIR,
@@ -53,6 +64,7 @@ from vllm_adapter.codec import (
     kv_transfer_config,
 )
 from vllm_adapter.derive import RECIPES, derive
+from vllm_adapter.derive.compare import fixture_differences
 from vllm_adapter.names import STOCK_CONNECTOR
 
 __all__ = [
@@ -68,9 +80,12 @@ __all__ = [
     "engine_vllm_config",
     "encode_kv_cache_config",
     "encode_spec",
+    "fixture_differences",
     "fixture_names",
     "fixture_path",
+    "fixtures_are_live",
     "fixtures_dir",
+    "live_cache_dir",
     "load_fixture",
     "make_vllm_config",
     "model_dir_path",
@@ -98,30 +113,91 @@ class MissingFixturesError(RuntimeError):
 def stored_versions() -> list[str]:
     """The vLLM releases with a fixture directory, sorted by release number."""
     dirs = [p.name for p in FIXTURES_ROOT.iterdir() if p.is_dir() and any(p.glob("*.json"))]
-    return sorted(dirs, key=lambda v: tuple(int(x) if x.isdigit() else -1 for x in v.split(".")))
+    return sorted(dirs, key=_release_key)
+
+
+def _release_key(version: str) -> Version:
+    """PEP 440 order (``0.35.0.dev42+g1234abc`` > ``0.34.0``); unparsable: newest."""
+    try:
+        return Version(version)
+    except InvalidVersion:
+        return Version("99999")
+
+
+def fixtures_are_live(version: str | None = None) -> bool:
+    """Whether ``version``'s fixtures are derived live: the installed vLLM, none stored,
+    and not older than the oldest stored release."""
+    version = V.VLLM_VERSION if version is None else version
+    stored = stored_versions()
+    return (
+        version == V.VLLM_VERSION
+        and version not in stored
+        and bool(stored)
+        and _release_key(version) >= _release_key(stored[0])
+    )
+
+
+def live_cache_dir(version: str | None = None) -> Path:
+    """Where the live derivation of ``version`` is cached: never inside the repository.
+
+    ``$KVCHUNK_FIXTURES_CACHE`` (default: ``<temp dir>/kvchunk-fixtures``), then one
+    directory per vLLM version and digest of the derivation's sources (a change to a
+    recipe re-derives).
+    """
+    version = V.VLLM_VERSION if version is None else version
+    root = Path(
+        os.environ.get("KVCHUNK_FIXTURES_CACHE")
+        or Path(tempfile.gettempdir()) / "kvchunk-fixtures"
+    )
+    digest = hashlib.sha256()
+    for source in sorted((PACKAGE_DIR / "derive").glob("*.py")) + [PACKAGE_DIR / "codec.py"]:
+        digest.update(source.read_bytes())
+    return root / f"{version}-{digest.hexdigest()[:12]}"
+
+
+def _derive_into_cache(name: str, path: Path) -> None:
+    """Derive ``name`` with the installed vLLM and write it atomically to ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = dump_fixture(derive(name))
+    with tempfile.NamedTemporaryFile(
+        "w", encoding="utf-8", dir=path.parent, suffix=".tmp", delete=False
+    ) as tmp:
+        tmp.write(text)
+    os.replace(tmp.name, path)
 
 
 def fixtures_dir(version: str | None = None) -> Path:
-    """The fixture directory of ``version`` (default: the installed vLLM's); it must exist."""
+    """The stored fixture directory of ``version`` (default: the installed vLLM's), or a
+    live version's cache directory (:func:`fixture_path` fills it on demand)."""
     version = V.VLLM_VERSION if version is None else version
     path = FIXTURES_ROOT / version
-    if not path.is_dir():
-        raise MissingFixturesError(
-            f"no KV-cache geometry fixtures for vLLM {version} ({path} does not exist; stored: "
-            f"{', '.join(stored_versions()) or 'none'}). Derive them with that vLLM installed: "
-            "python -m vllm_adapter.fixtures regenerate"
-        )
-    return path
+    if path.is_dir():
+        return path
+    if fixtures_are_live(version):
+        return live_cache_dir(version)
+    raise MissingFixturesError(
+        f"no KV-cache geometry fixtures for vLLM {version} ({path} does not exist; stored: "
+        f"{', '.join(stored_versions()) or 'none'}; live derivation covers the installed vLLM "
+        "when it is not older than the oldest stored release). Derive them with that vLLM "
+        "installed: python -m vllm_adapter.fixtures regenerate"
+    )
 
 
 def fixture_path(name: str, version: str | None = None) -> Path:
-    """Where fixture ``name`` of ``version`` (default: the installed vLLM's) is stored."""
-    return fixtures_dir(version) / f"{name}.json"
+    """Where fixture ``name`` of ``version`` (default: the installed vLLM's) is (a live
+    version's is derived first, once per cache directory)."""
+    path = fixtures_dir(version) / f"{name}.json"
+    if not path.exists() and name in RECIPES and fixtures_are_live(version):
+        _derive_into_cache(name, path)
+    return path
 
 
 def fixture_names(version: str | None = None) -> list[str]:
-    """Names of the stored fixtures of ``version`` (default: the installed vLLM's), sorted."""
-    return sorted(p.stem for p in fixtures_dir(version).glob("*.json"))
+    """Names of the fixtures of ``version`` (default: the installed vLLM's; live: every recipe)."""
+    directory = fixtures_dir(version)
+    if fixtures_are_live(version):
+        return sorted(RECIPES)
+    return sorted(p.stem for p in directory.glob("*.json"))
 
 
 def load_fixture(name: str, version: str | None = None) -> dict[str, Any]:

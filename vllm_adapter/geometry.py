@@ -10,7 +10,11 @@ Every number comes from vLLM's own resolvers, never from a re-derivation:
 * tokens per hash: ``resolve_kv_cache_block_sizes(...)[1]``;
 * the kind: the group's *first layer spec* (``iter_layer_specs``), exactly the
   spec vLLM's ``build_offloading_config`` hands to
-  ``get_sliding_window_size_in_chunks``.
+  ``get_sliding_window_size_in_chunks`` (:func:`kind_fields_of`; the conformance
+  driver describes its traces' groups with it too).
+
+The reference policy of an engine is not derived here: it is the release's
+rules (:mod:`vllm_adapter.releases`) with the engine's settings.
 
 ``page_bytes`` / ``num_layers`` use the **scheduler view**: ``page_bytes`` is
 the (padded) page of the group's first layer spec and ``num_layers`` is
@@ -42,7 +46,7 @@ __all__ = [
     "VllmRejected",
     "geometry_from_vllm",
     "group_kind_fields",
-    "policy_from",
+    "kind_fields_of",
     "retention_interval_from",
     "vllm_blocks_per_chunk",
     "with_extra_config",
@@ -58,16 +62,17 @@ def _first_layer_spec(spec: Any) -> Any:
     return next(iter(V.iter_layer_specs(spec)))
 
 
-def group_kind_fields(index: int, group_spec: Any, tokens_per_block: int) -> dict[str, Any]:
+def kind_fields_of(group_spec: Any) -> dict[str, Any] | None:
     """``kind`` plus the kind's extra :class:`KVGroup` fields for one vLLM group spec.
 
-    The isinstance order is vLLM's ``get_sliding_window_size_in_chunks``:
-    sliding window (incl. MLA) first, then chunked local, Mamba, full attention
-    (incl. MLA, RSWA, sink, hidden-state).  Mamba is ``MAMBA_ALIGN`` when the
-    *group* spec is a ``MambaSpec`` in ``align`` mode, the test vLLM's scheduler
-    uses for ``requires_cow_source`` and ``resolve_mamba_align_size``.  A
-    cacheable spec of any other class -- where vLLM would trip
-    ``assert isinstance(spec, FullAttentionSpec)`` -- is a ``ValueError``.
+    Read from the group's first layer spec, in the isinstance order of vLLM's
+    ``get_sliding_window_size_in_chunks``: sliding window (incl. MLA) first,
+    then chunked local, Mamba, full attention (incl. MLA, RSWA, sink,
+    hidden-state).  Mamba is ``MAMBA_ALIGN`` when the *group* spec is a
+    ``MambaSpec`` in ``align`` mode, the test vLLM's scheduler uses for
+    ``requires_cow_source`` and ``resolve_mamba_align_size``.  ``None`` for a
+    spec of any other class (vLLM's offloading has no kind for it: it would
+    trip ``assert isinstance(spec, FullAttentionSpec)``).
     """
     spec = _first_layer_spec(group_spec)
     if isinstance(spec, V.SlidingWindowSpec):
@@ -86,6 +91,16 @@ def group_kind_fields(index: int, group_spec: Any, tokens_per_block: int) -> dic
         return {"kind": GroupKind.MAMBA_ALIGN if align else GroupKind.MAMBA}
     if isinstance(spec, V.FullAttentionSpec):
         return {"kind": GroupKind.FULL}
+    return None
+
+
+def group_kind_fields(index: int, group_spec: Any, tokens_per_block: int) -> dict[str, Any]:
+    """:func:`kind_fields_of` for a group vLLM offloads: a ``ValueError`` naming the
+    group when the spec has no kind."""
+    fields = kind_fields_of(group_spec)
+    if fields is not None:
+        return fields
+    spec = _first_layer_spec(group_spec)
     wrapped = (
         f" (first layer spec of a {type(group_spec).__name__})" if spec is not group_spec else ""
     )
@@ -141,24 +156,6 @@ def geometry_from_vllm(kv_cache_config: Any, vllm_config: Any) -> Geometry:
 def retention_interval_from(vllm_config: Any) -> int | None:
     """``cache_config.prefix_cache_retention_interval``: what vLLM's offloading scheduler reads."""
     return vllm_config.cache_config.prefix_cache_retention_interval
-
-
-def policy_from(vllm_config: Any, extra_config: Mapping[str, Any] | None = None) -> Any:
-    """The reference :class:`reference.plan.Policy` of an engine config.
-
-    ``extra_config`` defaults to the config's ``kv_connector_extra_config``.
-    ``offload_prompt_only`` is read as vLLM's ``OffloadingSpec`` does.
-    """
-    from reference.plan import Policy  # plan pulls in modules the geometry path does not need
-
-    if extra_config is None:
-        ktc = vllm_config.kv_transfer_config
-        extra_config = ktc.kv_connector_extra_config if ktc is not None else {}
-    return Policy(
-        retention_interval=retention_interval_from(vllm_config),
-        offload_prompt_only=bool(extra_config.get("offload_prompt_only", True)),
-        prefix_caching=bool(vllm_config.cache_config.enable_prefix_caching),
-    )
 
 
 def with_extra_config(vllm_config: Any, extra_config: Mapping[str, Any]) -> Any:

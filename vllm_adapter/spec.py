@@ -49,13 +49,12 @@ arrive already folded by vLLM: one canonical tensor whose page is the packed
 block stride and one ref per group covering the whole packed block; the mapping
 above needs nothing special for them.
 
-The chunk pool is one uint8 ``[num_chunks, slot_bytes]`` tensor
-(``slot_bytes = blocks_per_chunk * sum(page_bytes)``, a
-:class:`reference.store.ChunkStore` pool).  Slot ``c`` holds tensor ``t``'s
-``blocks_per_chunk`` sub-slots at ``c * slot_bytes + sum(page_bytes[:t]) *
-blocks_per_chunk + j * page_bytes[t]``: vLLM's shared-region layout for one
-worker, except that vLLM rounds its row stride up to ``BLOCK_SIZE_ALIGNMENT``
-and interleaves the other ranks' slots (this pool is per worker and unpadded).
+The chunk pool is one uint8 ``[num_chunks, slot_bytes]`` tensor (a
+:class:`reference.store.ChunkStore` pool); slot ``c`` is CPU chunk ``c``, laid
+out as :mod:`reference.transfer` states (``TransferLayout.sub_slot_offset``):
+vLLM's shared-region layout for one worker, except that vLLM rounds its row
+stride up to ``BLOCK_SIZE_ALIGNMENT`` and interleaves the other ranks' slots
+(this pool is per worker and unpadded).
 
 Not supported (``ValueError`` at construction): ``canonical_layout`` (the
 canonical per-layer host format with parallelism mappings).
@@ -71,9 +70,8 @@ import torch
 
 from reference.mathutil import cdiv
 from reference.store import ChunkStore
-from reference.transfer import TensorRef, TransferLayout, plan_copies
-from reference.transfer_checks import check_tensors
-from reference.transfer_fast import gather, scatter
+from reference.transfer import TensorRef, TransferLayout, chunks_of
+from reference.transfer_fast import checked_plan, gather, scatter
 from vllm_adapter import vllm_api as V
 
 __all__ = [
@@ -226,19 +224,16 @@ class ReferenceOffloadingWorker(V.OffloadingWorker):
         if int((block_ids == 0).sum()) < 2:
             return whole
         bpcs = self.layout.blocks_per_chunk
-        chunks = [
-            cdiv(n + f % b, b) if n else 0 for n, f, b in zip(sizes, firsts, bpcs, strict=True)
-        ]
-        if sum(sizes) != block_ids.numel() or sum(chunks) != slot_ids.numel():
+        spans = [chunks_of(f, n, b) for n, f, b in zip(sizes, firsts, bpcs, strict=True)]
+        if sum(sizes) != block_ids.numel() or sum(map(len, spans)) != slot_ids.numel():
             return whole
         out = []
         block_cursor = slot_cursor = 0
-        for g, (n, first, b, nch) in enumerate(zip(sizes, firsts, bpcs, chunks, strict=True)):
+        for g, (n, first, b, span) in enumerate(zip(sizes, firsts, bpcs, spans, strict=True)):
             if n == 0:
                 continue
             ids = block_ids[block_cursor : block_cursor + n]
-            slots = slot_ids[slot_cursor : slot_cursor + nch]
-            skip = first % b
+            slots = slot_ids[slot_cursor : slot_cursor + len(span)]
             starts = [0]
             seen_null = False
             for k, block in enumerate(ids.tolist()):
@@ -251,10 +246,11 @@ class ReferenceOffloadingWorker(V.OffloadingWorker):
                 piece_sizes[g] = e - s
                 piece_firsts = list(firsts)
                 piece_firsts[g] = first + s
-                lo, hi = (skip + s) // b, (skip + e - 1) // b + 1
+                piece = chunks_of(first + s, e - s, b)
+                lo, hi = piece.start - span.start, piece.stop - span.start
                 out.append((ids[s:e], piece_sizes, piece_firsts, slots[lo:hi]))
             block_cursor += n
-            slot_cursor += nch
+            slot_cursor += len(span)
         return out
 
     def _run(self, job_id: int, gpu_side: Any, cpu_spec: Any, store: bool) -> bool:
@@ -271,8 +267,7 @@ class ReferenceOffloadingWorker(V.OffloadingWorker):
         )
         if len(pieces) > 1:  # validate every call before the first write
             for ids, sizes, firsts, slots in pieces:
-                plan = plan_copies(self.layout, ids, sizes, firsts, slots)
-                check_tensors(self.layout, self.gpu_tensors, self.pool, plan)
+                checked_plan(self.layout, self.gpu_tensors, self.pool, ids, sizes, firsts, slots)
         copy = gather if store else scatter
         for ids, sizes, firsts, slots in pieces:
             copy(self.layout, self.gpu_tensors, self.pool, ids, sizes, firsts, slots)

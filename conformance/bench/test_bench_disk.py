@@ -51,8 +51,8 @@ from reference.mathutil import cdiv
 
 pytest.importorskip("vllm")
 
+from conformance import vllm_harness_api as V  # noqa: E402
 from vllm_adapter import fixtures as fx  # noqa: E402
-from vllm_adapter import vllm_api as V  # noqa: E402
 
 ROUNDS = env_int("KVCHUNK_BENCH_DISK_ROUNDS", 3)
 """Disk rounds are few: each moves ``DISK_MB`` MiB twice."""

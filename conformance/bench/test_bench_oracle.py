@@ -51,10 +51,10 @@ from conformance.bench import (
 pytest.importorskip("vllm")
 
 from conformance import driver as D  # noqa: E402
+from conformance import vllm_harness_api as V  # noqa: E402
 from conformance.replay import first_divergence, recorded_answers, replay  # noqa: E402
 from conformance.trace import RequestSpec, ResetSpec, Trace, WorkloadSpec  # noqa: E402
 from vllm_adapter import fixtures as fx  # noqa: E402
-from vllm_adapter import vllm_api as V  # noqa: E402
 from vllm_adapter.names import KVCHUNK_CONNECTOR, STOCK_CONNECTOR, connector_module  # noqa: E402
 
 ROUNDS = env_int("KVCHUNK_BENCH_ORACLE_ROUNDS", 5)

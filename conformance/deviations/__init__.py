@@ -2,8 +2,9 @@
 
 The ``vllm`` backend's deviations depend on the installed release (a bug fixed in
 0.34.0 is a deviation of 0.33.0 only), so its files are per version:
-``vllm-0.33.0.toml``, ``vllm-0.34.0.toml``.  A release with no file has no known
-deviations: every disagreement is reported as a finding.
+``vllm-0.33.0.toml``, ``vllm-0.34.0.toml``; a vLLM that is not a known release
+uses the file of the release whose rules it runs (``conformance.versions.rules_for``).
+A release with no file has no known deviations: every disagreement is reported as a finding.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ def backend_version(backend: str) -> str | None:
 def path_for(backend: str) -> Path:
     """The deviations file that applies to ``backend`` as installed."""
     version = backend_version(backend)
+    if version is not None and backend == "vllm":
+        # A dev/rc/post or newer build runs a known release's deviations (--vllm-rules).
+        from vllm_adapter.releases import rules_for
+
+        version = rules_for(version).release
     if version is not None:
         versioned = HERE / f"{backend}-{version}.toml"
         if versioned.exists():

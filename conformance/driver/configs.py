@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from vllm_adapter import vllm_api as V
+from conformance import vllm_harness_api as V
 from vllm_adapter.fixtures import MODELS_DIR
 
 TINY_LLAMA = MODELS_DIR / "tiny-llama"

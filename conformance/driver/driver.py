@@ -6,11 +6,11 @@ import copy
 from collections.abc import Iterable
 from typing import Any
 
+from conformance import vllm_harness_api as V
 from conformance.driver.session import DriverSession, WorkerWrapper
 from conformance.driver.vllm_config import build_vllm_config
 from conformance.trace import JobFault, Trace, TraceConfig, TraceGroup, WorkloadSpec
-from reference.geometry import GroupKind
-from vllm_adapter import vllm_api as V
+from vllm_adapter.geometry import kind_fields_of
 
 
 class VllmDriver:
@@ -107,8 +107,9 @@ class VllmDriver:
     def trace_config(self, session: DriverSession | None = None) -> TraceConfig:
         kvc, vc = self.kv_cache_config, self.vllm_config
         offloaded = set(V.get_offloading_group_ids(kvc))
+        dcp = vc.parallel_config.decode_context_parallel_size
         groups = tuple(
-            _trace_group(i, g, i in offloaded) for i, g in enumerate(kvc.kv_cache_groups)
+            _trace_group(i, g, i in offloaded, dcp) for i, g in enumerate(kvc.kv_cache_groups)
         )
         sched_block, hash_block = V.resolve_kv_cache_block_sizes(kvc, vc)
         extra = dict(vc.kv_transfer_config.kv_connector_extra_config or {})
@@ -138,35 +139,19 @@ class VllmDriver:
         )
 
 
-def _trace_group(index: int, group: Any, offloaded: bool) -> TraceGroup:
+def _trace_group(index: int, group: Any, offloaded: bool, dcp: int) -> TraceGroup:
+    """One group as the adapter's geometry reads it (:func:`vllm_adapter.geometry.kind_fields_of`:
+    the kind of the first layer spec; tokens per block resolved for DCP); kind ``None`` for a
+    spec vLLM's offloading has no kind for."""
     spec = group.kv_cache_spec
-    kind: GroupKind | None
-    window = None
-    extra = 0
-    chunk = None
-    if isinstance(spec, V.SlidingWindowSpec):
-        kind = GroupKind.SLIDING_WINDOW
-        window = spec.sliding_window
-        extra = spec.extra_retained_tokens
-    elif isinstance(spec, V.ChunkedLocalAttentionSpec):
-        kind = GroupKind.CHUNKED_LOCAL
-        chunk = spec.attention_chunk_size
-    elif isinstance(spec, V.MambaSpec):
-        kind = GroupKind.MAMBA_ALIGN if spec.mamba_cache_mode == "align" else GroupKind.MAMBA
-    elif isinstance(spec, V.FullAttentionSpec):
-        kind = GroupKind.FULL
-    else:
-        kind = None
+    fields = kind_fields_of(spec) or {"kind": None}
     return TraceGroup(
         index=index,
         spec=type(spec).__name__,
-        kind=kind,
-        tokens_per_block=spec.block_size,
+        tokens_per_block=V.resolve_dcp_kv_block_size(spec, dcp),
         offloaded=offloaded,
-        sliding_window=window,
-        extra_retained_tokens=extra,
-        attention_chunk_size=chunk,
         is_eagle=bool(group.is_eagle_group),
         page_bytes=int(spec.page_size_bytes),
         num_layers=len(group.layer_names),
+        **fields,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from vllm_adapter import vllm_api as V
+from conformance import vllm_harness_api as V
 
 if TYPE_CHECKING:
     from conformance.driver.session import DriverSession

@@ -5,7 +5,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from vllm_adapter import vllm_api as V
+from conformance import vllm_harness_api as V
 
 VOCAB_SIZE = 32000
 FIRST_SAMPLED_TOKEN = 3  # stay clear of bos/eos

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from conformance import vllm_harness_api as V
 from conformance.driver import records as R
 from conformance.trace import (
     Alloc,
@@ -25,7 +26,6 @@ from conformance.trace import (
     StoreJobRecord,
     StoreOffer,
 )
-from vllm_adapter import vllm_api as V
 
 if TYPE_CHECKING:
     from conformance.driver.session import DriverSession

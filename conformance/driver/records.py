@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from conformance import vllm_harness_api as V
 from conformance.trace import (
     BlockRef,
     BoundaryHandoff,
@@ -23,7 +24,6 @@ from conformance.trace import (
     freeze_params,
 )
 from reference.jobs import LoadJob, StoreJob
-from vllm_adapter import vllm_api as V
 
 Keys = tuple[bytes, ...]
 

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from conformance import vllm_harness_api as V
 from conformance.driver.engine import TransferEngine
 from conformance.driver.model import model_output
 from conformance.driver.recorder import Recorder
@@ -17,7 +18,6 @@ from conformance.trace import (
     WorkloadSpec,
     thaw_params,
 )
-from vllm_adapter import vllm_api as V
 
 if TYPE_CHECKING:
     from conformance.driver.driver import VllmDriver

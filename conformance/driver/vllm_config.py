@@ -6,8 +6,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from conformance import vllm_harness_api as V
 from conformance.driver.configs import TINY_LLAMA
-from vllm_adapter import vllm_api as V
 from vllm_adapter.names import CPU_SPEC, REFERENCE_SPEC_NAME, STOCK_CONNECTOR
 
 DEFAULT_NUM_CPU_CHUNKS = 4096

@@ -245,7 +245,7 @@ class FaultyWorker:
         return frozenset(status.keys) if status is not None else frozenset()
 
     def _gpu_side(self, gpu_side: Any) -> Any:
-        """The GPU side of a job as ``vllm_api.GpuBlocks`` (block ids, group sizes, indices).
+        """The GPU side of a job as ``vllm_shims.GpuBlocks`` (block ids, group sizes, indices).
 
         vLLM passes a ``GPULoadStoreSpec`` (0.33.0) or ``DevicePointers`` (0.34.0);
         the inner worker decodes either and takes the result back when the job runs,
@@ -282,7 +282,7 @@ class FaultyWorker:
             self._execute_load(job)
 
     def _execute_store(self, job: _Job) -> None:
-        from vllm_adapter import vllm_api as V
+        from conformance import vllm_harness_api as V
 
         if job.fate == "partial":
             # Some ranks lost it: what reaches the CPU tier is garbage; the rest report it.
@@ -293,7 +293,7 @@ class FaultyWorker:
         self.lost_keys -= job.keys  # stored again after a reset dropped the lost copy
 
     def _execute_load(self, job: _Job) -> None:
-        from vllm_adapter import vllm_api as V
+        from conformance import vllm_harness_api as V
 
         self.stats.loads_executed += 1
         if job.fate == "fail":

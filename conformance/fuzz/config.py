@@ -199,7 +199,7 @@ def _scheduler_config_mismatch(chunking: Chunking, config: Any) -> str | None:
 
 
 def _build_connector(target: ConfigTarget, vllm_config: Any) -> Any:
-    from vllm_adapter import vllm_api as V
+    from conformance import vllm_harness_api as V
 
     return V.KVConnectorFactory.create_connector(
         config=vllm_config, role=V.KVConnectorRole.SCHEDULER, kv_cache_config=target.kv_cache_config

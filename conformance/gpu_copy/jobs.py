@@ -7,8 +7,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from conformance import vllm_harness_api as V
 from reference.mathutil import cdiv
-from vllm_adapter import vllm_api as V
 
 __all__ = ["Job", "jobs_from_dispatched", "random_jobs", "record_jobs"]
 
@@ -50,7 +50,7 @@ class Job:
         The GPU side is what vLLM's connector worker passes for this job over
         ``kv_caches`` (the workers' ``CanonicalKVCaches``): the
         ``GPULoadStoreSpec`` on 0.33.0, ``DevicePointers`` resolved over
-        ``kv_caches`` on 0.34.0 (``vllm_api.worker_gpu_arg``), which then
+        ``kv_caches`` on 0.34.0 (``vllm_shims.worker_gpu_arg``), which then
         needs ``kv_caches``.  Without it, the ``GPULoadStoreSpec``.
         """
         gpu = self.gpu_spec()

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference.mathutil import cdiv
-from reference.transfer import TransferLayout
+from reference.transfer import TransferLayout, job_copies
 
 from .jobs import Job
 
@@ -36,41 +35,17 @@ class SubSlot:
 def job_sub_slots(layout: TransferLayout, job: Job) -> list[SubSlot]:
     """Every copy ``job`` makes, as vLLM's ``_fill_direct_ops`` / ``transfer_async`` enumerate them.
 
-    Group ``g`` with ``n`` blocks and ``skip = block_indices[g] % bpc`` takes the
-    next ``n`` block ids and ``cdiv(n + skip, bpc)`` chunk ids; block ``k`` goes
-    to chunk ``(k + skip) // bpc``, sub-slot ``(k + skip) % bpc``, once per ref
-    of the group.  Raises ``ValueError`` when the ids are not consumed exactly.
+    The copies of :func:`reference.transfer.job_copies` (the spec of the byte
+    layout), with the slot id read as the CPU chunk id.  Repeated ids are kept.
+    Raises ``ValueError`` (naming the job) when the ids are not consumed exactly.
     """
-    if len(job.group_sizes) != layout.num_groups or len(job.block_indices) != layout.num_groups:
-        raise ValueError(
-            f"job has {len(job.group_sizes)} group_sizes / {len(job.block_indices)} block_indices, "
-            f"layout has {layout.num_groups} groups"
+    try:
+        copies = job_copies(
+            layout, job.block_ids, job.group_sizes, job.block_indices, job.chunk_ids
         )
-    out: list[SubSlot] = []
-    cb = cc = 0
-    for g, (n, first) in enumerate(zip(job.group_sizes, job.block_indices, strict=True)):
-        if n == 0:
-            continue
-        b = layout.blocks_per_chunk[g]
-        skip = first % b
-        nch = cdiv(n + skip, b)
-        blocks = job.block_ids[cb : cb + n]
-        chunks = job.chunk_ids[cc : cc + nch]
-        if len(blocks) != n or len(chunks) != nch:
-            raise ValueError(f"{job.describe()}: ids run out in group {g}")
-        for k in range(n):
-            p = k + skip
-            for ref in layout.group_refs[g]:
-                out.append(
-                    SubSlot(
-                        g, first + k, blocks[k], ref.tensor_index, chunks[p // b], p % b, ref.nbytes
-                    )
-                )
-        cb += n
-        cc += nch
-    if cb != len(job.block_ids) or cc != len(job.chunk_ids):
-        raise ValueError(
-            f"{job.describe()}: {len(job.block_ids) - cb} block ids and "
-            f"{len(job.chunk_ids) - cc} chunk ids left unconsumed"
-        )
-    return out
+    except ValueError as error:
+        raise ValueError(f"{job.describe()}: {error}") from None
+    return [
+        SubSlot(c.group, c.position, c.block_id, c.tensor, c.slot_id, c.sub_slot, c.nbytes)
+        for c in copies
+    ]

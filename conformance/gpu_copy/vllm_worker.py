@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from vllm_adapter import vllm_api as V
+from conformance import vllm_harness_api as V
 from vllm_adapter.names import CPU_SPEC, KVCHUNK_CONNECTOR
 
 from .tiers import RegionTier, TensorsTier, Tier, VllmCpuLayout

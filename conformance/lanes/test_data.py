@@ -10,7 +10,8 @@ each loaded block must hold the expected bytes of its position in the loading
 request (in every layer of its group), and nothing else in the KV memory may
 change while loads run.
 
-Workload (:func:`run_workload`): two requests sharing a prefix, prefilled in
+Workload (:func:`conformance.checks.data.run_workload`, whose checks the meta lane
+runs too): two requests sharing a prefix, prefilled in
 chunks; then, each after a GPU prefix-cache reset so hits come from the CPU
 tier: the prompts again (one extended), a prompt diverging late with a repeat
 arriving while it runs, and several loads in one step.  Small GPU and CPU pools make blocks and chunk slots get
@@ -19,7 +20,6 @@ reused, so stale bytes would show.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,80 +27,24 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conformance import cases  # noqa: E402
+from conformance import cases, spec_option  # noqa: E402
 from conformance import driver as D  # noqa: E402
+from conformance.checks import data as DC  # noqa: E402
 from conformance.fixture_runs import FixtureCase  # noqa: E402
-from conformance.kvdata import DataStats, SyntheticModelRunner, with_planned_tensors  # noqa: E402
-from conformance.trace import RequestSpec  # noqa: E402
+from conformance.kvdata import DataStats, with_planned_tensors  # noqa: E402
 from vllm_adapter.names import REFERENCE_SPEC  # noqa: E402
 
 # ---------------------------------------------------------------------------
-# Workload
+# Workload and checks: conformance.checks.data (the meta lane runs them too)
 # ---------------------------------------------------------------------------
 
-
-def _tokens(rng: random.Random, n: int) -> tuple[int, ...]:
-    return tuple(rng.randrange(100, 30000) for _ in range(n))
-
-
-def run_workload(driver: D.VllmDriver, *, prompt_len: int, budget: int, seed: int = 0) -> DataStats:
-    """The lane's workload on a fresh session; the runner's stats.
-
-    Every phase after the first starts with a GPU prefix-cache reset, so hits
-    come from the CPU tier; phases 2-4 load one request at a time, phase 5
-    several in one step.
-    """
-    rng = random.Random(seed)
-    p = _tokens(rng, prompt_len)
-    q = p[: prompt_len // 2] + _tokens(rng, prompt_len - prompt_len // 2)
-    longer = p + _tokens(rng, prompt_len // 3)
-    cut = prompt_len - prompt_len // 8
-    diverging = p[:cut] + _tokens(rng, prompt_len // 4)
-    runner = SyntheticModelRunner(driver.worker_kv_cache_config, driver.vllm_config)
-    s = driver.session(model_runner=runner, max_num_batched_tokens=budget, record=False)
-
-    def reset() -> None:
-        assert s.reset_prefix_cache(), "GPU prefix-cache reset refused"
-
-    # 1. Two requests sharing half a prompt, chunked prefill: stores.
-    s.add_request(RequestSpec("a", p, max_tokens=3))
-    s.add_request(RequestSpec("b", q, max_tokens=3))
-    s.run_until_idle()
-    # 2.-3. The prompts again, one extended, one at a time: loads.
-    reset()
-    s.add_request(RequestSpec("a2", longer, max_tokens=2))
-    s.run_until_idle()
-    reset()
-    s.add_request(RequestSpec("b2", q, max_tokens=2))
-    s.run_until_idle()
-    # 4. A prompt diverging late, and a repeat arriving while it runs.
-    reset()
-    s.add_request(RequestSpec("c", diverging, max_tokens=2))
-    s.step()
-    s.step()
-    s.add_request(RequestSpec("a3", p, max_tokens=2))
-    s.run_until_idle()
-    # 5. Several loads in one step.
-    reset()
-    for name, prompt in (("a4", p), ("b4", q), ("c4", diverging)):
-        s.add_request(RequestSpec(name, prompt, max_tokens=2))
-    s.run_until_idle()
-    return runner.stats
-
-
 def record_and_check(stats: DataStats, record_property: Any) -> None:
+    """Record the runner's counters, then :func:`conformance.checks.data.loads_carry_the_stored_bytes`."""
     record_property("counter:load_jobs_seen", stats.load_jobs)
     record_property("counter:loaded_blocks_checked", stats.loaded_blocks_checked)
     record_property("counter:corrupted_loads", stats.corrupted_loads)
     record_property("counter:foreign_bytes_changed", stats.foreign_bytes_changed)
-    assert stats.load_jobs > 0, (
-        f"no load happened, the data lane checked nothing: {stats.describe()}"
-    )
-    assert stats.loaded_blocks_checked > 0, stats.describe()
-    assert stats.corrupted_loads == 0, stats.describe()
-    assert stats.foreign_bytes_changed == 0, stats.describe()
-    unchecked = set(stats.offloaded_group_ids) - set(stats.checked_per_group)
-    assert not unchecked, f"no load reached groups {sorted(unchecked)}: {stats.describe()}"
+    DC.loads_carry_the_stored_bytes(stats)
 
 
 # ---------------------------------------------------------------------------
@@ -188,7 +132,8 @@ def test_synthetic_loads_carry_the_stored_bytes(case: SyntheticCase, record_prop
     record_property("fixture", case.fixture)
     record_property("knob", case.knob)
     driver = synthetic_driver(case)
-    stats = run_workload(driver, prompt_len=case.prompt_len, budget=case.budget)
+    stats = DC.run_workload(driver, prompt_len=case.prompt_len, budget=case.budget,
+                            device=spec_option.runner_device())
     record_and_check(stats, record_property)
 
 
@@ -197,7 +142,9 @@ def synthetic_driver(case: SyntheticCase) -> D.VllmDriver:
     kvc = getattr(D, case.builder)(num_blocks=case.num_gpu_blocks)
     driver = D.VllmDriver.from_kv_cache_config(
         kvc,
-        extra_config={**REFERENCE_SPEC, "blocks_per_chunk": case.blocks_per_chunk},
+        extra_config={**spec_option.data_lane_entries(REFERENCE_SPEC),
+                      "blocks_per_chunk": case.blocks_per_chunk,
+                      "num_cpu_chunks": case.num_cpu_chunks},
         prefix_cache_retention_interval=case.retention,
         num_gpu_blocks=case.num_gpu_blocks,
         num_cpu_chunks=case.num_cpu_chunks,
@@ -235,13 +182,17 @@ def test_null_blocks_in_store_jobs_keep_every_block_where_its_load_reads_it(
     bytes and nothing else may change (the lane's usual checks); on 0.34.0 the
     case must also load from a chunk whose store carried a placeholder.
     """
+    from conformance import vllm_harness_api as V
     from conformance.versions import rules_for
     from reference.plan import NullBlockRule
     from vllm_adapter import spec as S
-    from vllm_adapter import vllm_api as V
 
     record_property("fixture", "synthetic-full-swa")
     record_property("knob", "blocks_per_chunk=2, window 40, retention=None, 8 CPU chunks")
+    entries = spec_option.data_lane_entries(REFERENCE_SPEC)
+    chosen = spec_option.chosen()
+    if chosen is not None and not issubclass(chosen.load(), S.ReferenceOffloadingSpec):
+        pytest.skip(f"counts the reference worker's store jobs; --spec {chosen} has its own worker")
     null_slots: set[int] = set()
     seen = {"null_store_jobs": 0, "loads_from_null_chunks": 0}
     real_store, real_load = (
@@ -275,12 +226,12 @@ def test_null_blocks_in_store_jobs_keep_every_block_where_its_load_reads_it(
     monkeypatch.setattr(S.ReferenceOffloadingWorker, "submit_load", submit_load)
     driver = D.VllmDriver.from_kv_cache_config(
         D.full_swa_kv_cache_config(64, 16, 40, num_blocks=160),
-        extra_config={**REFERENCE_SPEC, "blocks_per_chunk": 2},
+        extra_config={**entries, "blocks_per_chunk": 2, "num_cpu_chunks": 8},
         prefix_cache_retention_interval=None,
         num_gpu_blocks=160,
         num_cpu_chunks=8,
     )
-    stats = run_workload(driver, prompt_len=600, budget=64)
+    stats = DC.run_workload(driver, prompt_len=600, budget=64)
     for key, value in seen.items():
         record_property(f"counter:{key}", value)
     record_and_check(stats, record_property)
@@ -313,8 +264,11 @@ FIXTURES = [
 def test_fixture_loads_carry_the_stored_bytes(case: FixtureCase, record_property: Any) -> None:
     record_property("fixture", case.fixture)
     record_property("knob", case.knob)
-    stats = run_workload(
-        case.driver(), prompt_len=case.workload_prompt_len, budget=case.workload_budget
+    stats = DC.run_workload(
+        case.driver(spec=spec_option.data_lane_entries(REFERENCE_SPEC)),
+        prompt_len=case.workload_prompt_len,
+        budget=case.workload_budget,
+        device=spec_option.runner_device(),
     )
     record_and_check(stats, record_property)
 
@@ -362,7 +316,7 @@ def test_checker_catches_broken_loads(
         return ok
 
     monkeypatch.setattr(S.ReferenceOffloadingWorker, "submit_load", broken)
-    stats = run_workload(_swa_driver(), prompt_len=600, budget=128)
+    stats = DC.run_workload(_swa_driver(), prompt_len=600, budget=128)
     assert stats.load_jobs > 0
     if mutation == "extra_block":
         assert stats.foreign_bytes_changed > 0, stats.describe()

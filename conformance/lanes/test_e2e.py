@@ -96,7 +96,7 @@ def test_offload_hits_reproduce_cold_greedy_outputs(
     _requirements(case)
     import torch
 
-    from vllm_adapter import vllm_api as V
+    from conformance import vllm_harness_api as V
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -10,13 +10,13 @@ A driver costs ~10 ms once vLLM is imported, so windows are drawn, not tabled.
 The workload stores a prompt's first part, then (after GPU-only resets) the prompt,
 a diverging one, the prompt again and a longer one.  The step budget (2048) never
 caps a lookup: the promise of invariant (a) is the one of windows and retention
-(vLLM 0.33.0's capped last token is deviation ``last-token-after-caps``).
+(vLLM 0.33.0's capped last token is deviation ``last-token-after-caps``).  The checks
+are :mod:`conformance.checks.invariants`'s.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -25,13 +25,10 @@ from hypothesis import strategies as st
 from conformance import deviations
 from conformance import invariants as I
 from conformance import trace as T
-from conformance.replay import PlannerLike, chunking_of, recorded_answers, replay
+from conformance.checks import invariants as CI
+from conformance.replay import chunking_of, recorded_answers, replay
 from conformance.strategies import SLOW_EXAMPLE_CHECKS
 from conformance.workloads import PlanCase, driver_for
-from reference.knobs import Chunking
-from reference.plan import Planner, Policy
-from reference.rules import WindowRule, window_in_chunks
-from reference.store import ChunkStore
 
 pytestmark = pytest.mark.plan
 
@@ -40,15 +37,6 @@ _EXAMPLES = {"ci": 40, "deep": 400, "dev": 5}.get(_PROFILE, 40)
 """Per kind and retention (8 tests): 320 examples in CI, ~10-20 s once vLLM is imported."""
 _DERANDOMIZE = _PROFILE == "ci"
 _BASE = tuple((7 * i + i * i // 5) % 30 for i in range(800))
-WINDOW_DEVIATION_CASE = "fa64+sw33@16/blocks_per_chunk=2/retention=0"
-"""The deviation ``swa-window-one-past-a-chunk-never-hits`` is listed under this case."""
-
-
-def intended_planner(chunking: Chunking, store: ChunkStore, policy: Policy) -> PlannerLike:
-    """The reference with every rule switch intended; engine settings from the trace."""
-    return Planner(chunking, store, replace(
-        Policy(), retention_interval=policy.retention_interval,
-        offload_prompt_only=policy.offload_prompt_only, prefix_caching=policy.prefix_caching))
 
 
 def plan_case(kind: str, window: int, extra: int, bpc: int, retention: int | None) -> PlanCase:
@@ -63,25 +51,6 @@ def plan_case(kind: str, window: int, extra: int, bpc: int, retention: int | Non
     }[kind]
     return PlanCase(name, f"blocks_per_chunk={bpc}", builder, args,
                     (("blocks_per_chunk", bpc),), retention, num_cpu_chunks=512)
-
-
-def known_promise_miss(chunking: Chunking, side: str) -> str | None:
-    """Why promised hits may miss on this geometry, if a known problem explains it.
-
-    vLLM only: its window rule (``WindowRule.WHOLE_WINDOW``) asks a sliding-window group
-    for more chunks than the tokens before a hit's end fill (``(W - 1) % tpc == 0``, no
-    extra retained; a 1-token window too), the deviation
-    ``swa-window-one-past-a-chunk-never-hits``.  The reference has none.
-    """
-    for gc in chunking.groups:
-        g = gc.group
-        if g.sliding_window is None:
-            continue
-        asked = window_in_chunks(g, gc.tokens_per_chunk, 0, WindowRule.WHOLE_WINDOW)
-        if side == "vllm" and asked != window_in_chunks(g, gc.tokens_per_chunk, 0):
-            dev = deviations.find("vllm", "plan", WINDOW_DEVIATION_CASE)
-            return None if dev is None else dev.xfail_reason()
-    return None
 
 
 def _workload(n: int, first: int, diverge: int, more: int) -> T.WorkloadSpec:
@@ -130,16 +99,12 @@ def test_invariants_hold_on_drawn_geometries(kind: str, retention: int | None,  
     def check(example: tuple[PlanCase, T.WorkloadSpec]) -> None:
         case, workload = example
         trace = driver_for(case).run(workload)
-        reference = replay(trace, intended_planner)
+        reference = replay(trace, CI.intended_planner)
         chunking = chunking_of(trace.config)
         for side, answers in (("reference", reference), ("vllm", recorded_answers(trace))):
-            problems = I.all_violations(trace, answers)
-            known = known_promise_miss(chunking, side)
-            if known is not None:
-                misses = [v for v in problems if v.startswith("promised-hit:")]
-                counts[f"{side}_misses_window_deviation"] += len(misses)
-                problems = [v for v in problems if v not in misses]
-            assert not problems, f"{side} on {case}:\n" + "\n".join(problems)
+            misses = CI.invariants_hold(trace, answers, side, chunking, case)
+            if side == "vllm":
+                counts["vllm_misses_window_deviation"] += misses
         counts["examples"] += 1
         counts["promises"] += len(I.promises(trace, reference))
         counts["loads"] += sum(1 for a in reference if a.call == "allocated" and a.value)
@@ -165,15 +130,13 @@ def test_promised_hit_at_the_window_deviation(side: str, request: pytest.Fixture
     known deviation (a strict xfail: it passes the day vLLM keeps the promise)."""
     case = PlanCase("fa64+sw33@16", "blocks_per_chunk=2", "full_swa_kv_cache_config",
                     (64, 16, 33), (("blocks_per_chunk", 2),), 0)
-    assert str(case) == WINDOW_DEVIATION_CASE
+    assert str(case) == CI.WINDOW_DEVIATION_CASE
     dev = deviations.find("vllm", "plan", str(case))
     if side == "vllm" and dev is not None:
         request.applymarker(pytest.mark.xfail(strict=True, reason=dev.xfail_reason()))
     trace = driver_for(case).run(_workload(256, 128, 0, 40))
-    answers = recorded_answers(trace) if side == "vllm" else replay(trace, intended_planner)
-    assert I.promises(trace, answers), "no lookup was promised a hit: the check is vacuous"
-    problems = I.promised_hit_violations(trace, answers)
-    assert not problems, "\n".join(problems)
+    answers = recorded_answers(trace) if side == "vllm" else replay(trace, CI.intended_planner)
+    CI.promises_kept(trace, answers)
 
 
 def test_a_window_of_one_token_keeps_its_promise_in_the_reference() -> None:
@@ -186,7 +149,4 @@ def test_a_window_of_one_token_keeps_its_promise_in_the_reference() -> None:
     """
     case = plan_case("sw", 1, 1, 1, 0)
     trace = driver_for(case).run(_workload(65, 65, 0, 40))
-    answers = replay(trace, intended_planner)
-    assert I.promises(trace, answers), "no lookup was promised a hit: the check is vacuous"
-    problems = I.promised_hit_violations(trace, answers)
-    assert not problems, "\n".join(problems)
+    CI.promises_kept(trace, replay(trace, CI.intended_planner))

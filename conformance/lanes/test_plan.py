@@ -7,7 +7,8 @@ records every scheduler-side connector call, replays the inputs into the
 reference planner (capacity decisions -- which keys a full tier evicts -- are
 replayed from vLLM's manager: see ``ReplayedEvictionStore``) and compares every answer: hit tokens, load jobs (keys,
 blocks, group_sizes, block_indices) and store jobs.  On a failure the message
-shows the shrunk workload's trace up to the first diverging step.
+shows the shrunk workload's trace up to the first diverging step.  The checks are
+:mod:`conformance.checks.plan`'s (the meta lane runs them too).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from hypothesis import given, settings
 from conformance import cases, deviations
 from conformance import trace as T
 from conformance.backends import Backend
-from conformance.replay import first_divergence, recorded_answers, replay
+from conformance.checks import plan as P
 from conformance.strategies import SLOW_EXAMPLE_CHECKS
 from conformance.workloads import PlanCase, driver_for, workloads
 
@@ -86,14 +87,11 @@ def _plans_agree(case: PlanCase, backend: Backend, record_property,  # type: ign
     @given(workloads(max_len=case.max_len))
     def check(workload) -> None:  # type: ignore[no-untyped-def]
         trace = driver.run(workload)
-        expected = replay(trace)
-        actual = recorded_answers(trace) if backend.planner is None else replay(trace, backend.planner)
+        expected = P.answers_agree(trace, backend.planner)
         counts["traces"] += 1
         counts["answers"] += len(expected)
         counts["loads"] += sum(1 for a in expected if a.call == "allocated" and a.value)
         counts["stores"] += sum(len(a.value) for a in expected if a.call == "step")
-        div = first_divergence(expected, actual)
-        assert div is None, div.explain(trace)
 
     for workload in fixed:
         check.hypothesis.inner_test(workload)  # type: ignore[attr-defined]  # hypothesis adds it
@@ -103,57 +101,12 @@ def _plans_agree(case: PlanCase, backend: Backend, record_property,  # type: ign
     record_property("counter:plan_answers_compared", counts["answers"])
     record_property("counter:plan_load_jobs", counts["loads"])
     record_property("counter:plan_store_jobs", counts["stores"])
-    # Non-vacuity: the workloads must have exercised both directions on this case.
-    assert counts["stores"] > 0 and counts["loads"] > 0, counts
-
-
-def tier_capacity_problem(case: PlanCase) -> str | None:
-    """Where the CPU tier vLLM builds holds other than the chunks the case sized it for.
-
-    The driver sizes ``cpu_bytes_to_use`` as ``num_cpu_chunks`` times the bytes
-    vLLM's own spec says one chunk takes, and the reference store holds one key
-    per slot: so vLLM's manager must hold exactly ``num_cpu_chunks`` keys.
-    Replays take capacity from the trace, so this is the check that sees it.
-    """
-    if case.builder == "fixture":
-        return None  # fixture drivers size the tier themselves (4096 chunks)
-    session = driver_for(case).session()
-    held = session.connector_scheduler.manager._num_chunks
-    if held != case.num_cpu_chunks:
-        return f"{case}: the tier holds {held} chunks, sized for {case.num_cpu_chunks}"
-    return None
+    P.exercised_both_directions(case, counts)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.builder != "fixture"], ids=str)
 def test_tier_holds_what_it_was_sized_for(case: PlanCase) -> None:
-    problem = tier_capacity_problem(case)
-    assert problem is None, problem
-
-
-def eviction_problem(trace: T.Trace) -> str | None:
-    """Where vLLM's tier evicted other than exactly what a full tier must make room for.
-
-    Replays take *which* keys a full tier evicts from the trace (an eviction
-    policy, not chunk semantics), but *how many* is capacity accounting: a store
-    of ``n`` new keys into a tier of ``C`` slots holding ``h`` evicts
-    ``max(0, h + n - C)`` keys.
-    """
-    capacity, held = trace.config.num_cpu_chunks, set[bytes]()
-    for r in trace.records:
-        if isinstance(r, T.ResetPrefixCache) and r.connector_reset:
-            held.clear()
-        if not isinstance(r, T.BuildMeta):
-            continue
-        for offer in r.store_offers:
-            if offer.accepted is None:
-                continue
-            new = set(offer.accepted) - held
-            due = max(0, len(held) + len(new) - capacity)
-            if len(offer.evicted) != due:
-                return (f"[step {r.step}] {offer.req_id}: {len(new)} new keys into {len(held)} "
-                        f"held of {capacity}: evicted {len(offer.evicted)}, due {due}")
-            held = (held - set(offer.evicted)) | set(offer.accepted)
-    return None
+    P.tier_holds_what_it_was_sized_for(case)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if "full tier" in c.fixture], ids=str)
@@ -162,8 +115,7 @@ def test_full_tier_evicts_what_capacity_requires(case: PlanCase) -> None:
               derandomize=_DERANDOMIZE, database=None)
     @given(workloads(max_len=case.max_len))
     def check(workload) -> None:  # type: ignore[no-untyped-def]
-        problem = eviction_problem(driver_for(case).run(workload))
-        assert problem is None, problem
+        P.full_tier_evicts_what_capacity_requires(driver_for(case).run(workload))
 
     check()
 
@@ -191,6 +143,10 @@ EDGE_WORKLOAD_CASES = [
     # its last too.  Only the fixed edge workloads run here (no drawn ones: a few seconds).
     PlanCase("fa64+sw32+mtp1@16", "blocks_per_chunk=2", "swa_mtp_kv_cache_config",
              (64, 16, 32, 1), (("blocks_per_chunk", 2),), 0),
+    # Dense retention, a window (3 blocks) under the 128-token alignment segment (8 blocks):
+    # a prompt whose last chunk ends mid-segment stores that segment's tail at the step its
+    # prefill completes (the prompt horizon: ``reference.rules.store_horizon``).
+    _case("fa64+sw40@16", "full_swa_kv_cache_config", (64, 16, 40), 2, None),
 ]
 """Edge geometries checked on :func:`edge_workloads` alone (found by the mutation score)."""
 

@@ -12,6 +12,10 @@ every file written must be read back (both prompts served from files).  Every
 loaded block must hold its expected bytes and no other byte may change (the
 data lane's :class:`~conformance.kvdata.SyntheticModelRunner` checks); the
 files written and read, per group, and their sizes go to the report.
+
+``--spec module:Class`` (a ``TieringOffloadingSpec``; kvchunk's
+``KvchunkTieringOffloadingSpec`` included, its files counted with their header)
+replaces the spec; the fs tier config stays the lane's.  Any other spec is skipped.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from conformance import safe_fs_faults as SF  # noqa: E402
 from conformance import tiered as T  # noqa: E402
 from conformance.fixture_runs import FixtureCase  # noqa: E402
 
@@ -53,8 +58,10 @@ def test_chunks_come_back_from_files(
 ) -> None:
     record_property("fixture", case.base.fixture)
     record_property("knob", case.knob)
-    probe = T.FileProbe().install(monkeypatch)
-    session, runner = T.open_session(case.driver(tmp_path), case.base.workload_budget)
+    driver = case.driver(tmp_path)  # skips a --spec that cannot run here
+    kvchunk_tier = SF.chosen_has_kvchunk_tier()
+    probe = SF.probe_for(kvchunk_tier).install(monkeypatch)
+    session, runner = T.open_session(driver, case.base.workload_budget)
     try:
         rt = T.run_round_trip(
             session, runner, probe, tmp_path, prompt_len=case.base.workload_prompt_len
@@ -69,10 +76,11 @@ def test_chunks_come_back_from_files(
         f"the CPU tier ({rt.primary_chunks} chunks) held everything; nothing was cascaded "
         f"beyond it: {summary}"
     )
+    whole = SF.file_bytes(kvchunk_tier, rt.region_bytes_per_chunk)
     for g, sizes in rt.files_after_store.bytes_per_file.items():
-        assert sizes == (rt.region_bytes_per_chunk,), (
-            f"group {g}: files of {sizes} bytes, the CPU tier's rows are "
-            f"{rt.region_bytes_per_chunk}: {summary}"
+        assert sizes == (whole,), (
+            f"group {g}: files of {sizes} bytes, whole files of the CPU tier's "
+            f"{rt.region_bytes_per_chunk}-byte rows have {whole}: {summary}"
         )
     assert not probe.load_failures and not probe.store_failures, summary
     assert probe.loaded, f"no file was read back: {summary}"

@@ -36,12 +36,12 @@ pytest.importorskip("vllm")
 
 from conformance import deviations  # noqa: E402
 from conformance import tiered as T  # noqa: E402
+from conformance import vllm_harness_api as V  # noqa: E402
 from conformance.cases import DSV4, GEMMA  # noqa: E402
 from conformance.fixture_runs import FixtureCase  # noqa: E402
 from conformance.versions import rules_for  # noqa: E402
 from reference.economics import serve  # noqa: E402
 from reference.workload import GpuCache, Span, Workload, WorkloadRequest, requests  # noqa: E402
-from vllm_adapter import vllm_api as V  # noqa: E402
 
 pytestmark = pytest.mark.data
 

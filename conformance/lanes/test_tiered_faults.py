@@ -19,6 +19,15 @@ a damaged file must fail its load, be removed, and a third request must be serve
 the rewritten file without a failure.  kvchunk's tier also runs a writer process killed
 mid-write, two engines sharing one root, and gemma-4 / DeepSeek-V4 through kvchunk's
 connector with every file damaged.
+
+``--spec module:Class`` (a ``TieringOffloadingSpec``) runs that spec instead of both
+tiers, over the same fs tier config (ids ``[spec-<Class>]``); a spec with kvchunk's file
+tier (a ``KvchunkTieringOffloadingSpec``) also runs kvchunk's tier-only cases, which skip
+for any other.  The known deviations are vLLM's stock fs tier's: they stay strict xfails
+when the chosen spec is vLLM's ``TieringOffloadingSpec`` itself (or kvchunk's
+``ReferenceTieringOffloadingSpec``, the same tier with the reference worker); any other
+spec -- a third party's, even one reusing vLLM's fs tier -- must pass every case, since a
+spec author ships the tier they chose, and a strict xfail would turn its fixes red.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conformance import deviations  # noqa: E402
+from conformance import deviations, spec_option  # noqa: E402
 from conformance import driver as D  # noqa: E402
 from conformance import safe_fs_faults as SF  # noqa: E402
 from conformance import tiered as T  # noqa: E402
@@ -73,7 +82,12 @@ def _driver(
         group.kv_cache_spec = dataclasses.replace(
             spec, head_size=int(spec.head_size * head_scale)
         )
-    spec = T.tiering_spec(root) if tier == "vllm" else SF.kvchunk_tiering_spec(root)
+    # kvchunk's tier, or --spec's over the same fs tier config (skips one that cannot run).
+    spec = (
+        T.tiering_spec(root)
+        if tier == "vllm"
+        else spec_option.tiered_lane_entries(SF.kvchunk_tiering_spec(root))
+    )
     extra = {
         **spec,
         "blocks_per_chunk": blocks_per_chunk,
@@ -130,13 +144,39 @@ def _no_wrong_bytes(rt: T.RoundTrip, record_property: Any) -> str:
     return summary
 
 
-TIERS = ["vllm", "kvchunk"]
-"""vLLM's fs tier, and kvchunk's (``vllm_adapter.safe_fs``): every fault case runs on both."""
+CHOSEN = spec_option.chosen()
+TIERS = ["vllm", "kvchunk"] if CHOSEN is None else [CHOSEN.id]
+"""vLLM's fs tier, and kvchunk's (``vllm_adapter.safe_fs``): every fault case runs on both;
+with ``--spec``, on that spec only."""
+
+
+def _kvchunk(tier: str) -> bool:
+    """Whether ``tier`` is kvchunk's file tier (``--spec``: a spec with kvchunk's tier)."""
+    return SF.chosen_has_kvchunk_tier() if CHOSEN is not None else tier == "kvchunk"
+
+
+def _stock(tier: str) -> bool:
+    """Whether ``tier`` is vLLM's stock fs tier as the deviations were recorded on it."""
+    if CHOSEN is None:
+        return tier == "vllm"
+    return any(
+        CHOSEN.module == module and CHOSEN.name == name
+        for module, name in (
+            ("vllm.v1.kv_offload.tiering.spec", "TieringOffloadingSpec"),
+            (T.TIERING_SPEC_ENTRIES["spec_module_path"], T.TIERING_SPEC_ENTRIES["spec_name"]),
+        )
+    )
+
+
+def _kvchunk_tier_only() -> None:
+    """Skip a case of kvchunk's tier alone when ``--spec`` chose a spec with another tier."""
+    if CHOSEN is not None and not SF.chosen_has_kvchunk_tier():
+        pytest.skip(f"a case of kvchunk's file tier; --spec {CHOSEN} has another tier")
 
 
 def _expect_stock_deviation(request: pytest.FixtureRequest, tier: str, case: str) -> None:
-    """vLLM's known deviations apply to vLLM's tier; kvchunk's tier must pass every case."""
-    if tier == "vllm":
+    """vLLM's known deviations apply to vLLM's tier; any other tier must pass every case."""
+    if _stock(tier):
         _expect_deviation(request, case)
 
 
@@ -159,7 +199,7 @@ def test_damaged_file_is_recomputed_never_served(
     record_property("fixture", "synthetic-full")
     record_property("knob", f"blocks_per_chunk=2, {tier} fs tier, file {how}")
     _expect_stock_deviation(request, tier, f"fs-file-{how}")
-    probe = (SF.ChunkProbe() if tier == "kvchunk" else T.FileProbe()).install(monkeypatch)
+    probe = _probe(tier).install(monkeypatch)
     seen: dict[str, Any] = {}
 
     def serve_again(session: Any) -> None:
@@ -173,7 +213,7 @@ def test_damaged_file_is_recomputed_never_served(
         probe,
         lambda: SF.damage(T.block_files(tmp_path), how),
         tier=tier,
-        after=serve_again if tier == "kvchunk" else None,
+        after=serve_again if _kvchunk(tier) else None,
     )
     summary = _no_wrong_bytes(rt, record_property)
     assert rt.files_after_store.files > 0, f"nothing reached the files: {summary}"
@@ -181,7 +221,7 @@ def test_damaged_file_is_recomputed_never_served(
         assert probe.loaded or probe.load_failures, f"no damaged file was read: {summary}"
     if how == "truncated":
         assert probe.load_failures, f"a truncated file loaded without error: {summary}"
-    if tier != "kvchunk":
+    if not _kvchunk(tier):
         return
     read, failed, bad = seen["recompute"]
     _recomputed_then_served(probe, how, read, failed, bad, seen["counters"], summary,
@@ -238,9 +278,11 @@ def test_kvchunk_tier_damaged_files_on_models(
     the store; recomputed, never served, then served from the rewritten files."""
     record_property("fixture", case.fixture)
     record_property("knob", f"{case.extra[0][0]}={case.extra[0][1]}, kvchunk fs tier, file {how}")
+    _kvchunk_tier_only()
     probe = SF.ChunkProbe().install(monkeypatch)
     session, runner = T.open_session(
-        case.driver(spec=SF.kvchunk_tiering_spec(tmp_path)), case.workload_budget
+        case.driver(spec=spec_option.tiered_lane_entries(SF.kvchunk_tiering_spec(tmp_path))),
+        case.workload_budget,
     )
     try:
         rt = T.run_round_trip(
@@ -275,12 +317,12 @@ def _limit_file_size(limit: int) -> Callable[[], None]:
 
 
 def _probe(tier: str) -> T.FileProbe:
-    return SF.ChunkProbe() if tier == "kvchunk" else T.FileProbe()
+    return SF.probe_for(_kvchunk(tier))
 
 
 def _file_bytes(tier: str, row: int) -> int:
     """A whole chunk file of ``tier`` for a ``row``-byte CPU-tier row."""
-    return row + (S.HEADER_SIZE if tier == "kvchunk" else 0)
+    return SF.file_bytes(_kvchunk(tier), row)
 
 
 @pytest.mark.parametrize("tier", TIERS)
@@ -398,7 +440,7 @@ def test_restart_loads_only_files_of_the_same_layout(
         assert probe.loaded and stats.loaded_blocks_checked > 0, f"no file reused: {summary}"
     else:
         assert not probe.loaded, f"files of another {change} were loaded: {summary}"
-    if tier == "kvchunk" and change != "same":
+    if _kvchunk(tier) and change != "same":
         namespaces = sorted(p.name for p in tmp_path.iterdir())
         assert len(namespaces) == 2, f"one namespace directory per geometry: {namespaces}"
 
@@ -410,6 +452,7 @@ def test_kvchunk_tier_writer_killed_mid_write_leaves_no_file_to_serve(
     restarted engine misses that chunk (recompute), never reads half a file, and rewrites it."""
     record_property("fixture", "synthetic-full")
     record_property("knob", "kvchunk fs tier, writer process killed mid-write")
+    _kvchunk_tier_only()
     stored = _store_and_stop(tmp_path, "kvchunk")
     victims = T.block_files(tmp_path)[:2]
     geometry = json.loads(next(tmp_path.rglob(S.GEOMETRY_FILE)).read_text())
@@ -451,6 +494,7 @@ def test_kvchunk_tier_two_engines_share_a_root(
     (their file I/O threads interleave): every load is whole and right, none fails."""
     record_property("fixture", "synthetic-full")
     record_property("knob", "kvchunk fs tier, two engines on one root_dir")
+    _kvchunk_tier_only()
     probe = SF.ChunkProbe().install(monkeypatch)
     sessions = [T.open_session(_driver(tmp_path, tier="kvchunk"), 128) for _ in range(2)]
     try:

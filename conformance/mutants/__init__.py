@@ -9,9 +9,12 @@
 - :mod:`conformance.mutants.vllm_side`: one-line faults in vLLM's own offloading
   config, scheduler, CPU tier and worker, monkeypatched in process (mutation score).
 - :mod:`conformance.mutants.rules`: one-line faults in the reference's rules
-  (window, storable and needed chunks, hit limit, keys, slot layout).
+  (every rule of ``docs/semantics.md`` section 8, keys, knobs, the fast path's slot
+  layout) and in the byte-layout spec (``reference.transfer``).
 - :mod:`conformance.mutants.source`: the one-line-edit machinery both use
-  (:class:`~conformance.mutants.source.Mutant`); :mod:`conformance.mutation` scores them.
+  (:class:`~conformance.mutants.source.Mutant`); :mod:`conformance.mutation` scores them
+  with the checks :mod:`conformance.mutants.catalogue` lists (the lanes' own, from
+  :mod:`conformance.checks`); :mod:`conformance.mutants.records` keeps the results.
 """
 
 from __future__ import annotations

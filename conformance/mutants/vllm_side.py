@@ -3,7 +3,7 @@
 Each is the kind of bug the upstream trackers keep reporting (anchors.md section
 3.2), applied in process by :meth:`Mutant.apply` (a monkeypatched copy of one
 function with one line edited; site-packages is never touched).  The modules come
-from ``vllm_adapter.vllm_api.MUTATION_TARGETS`` (the one vLLM importer).  Every
+from ``conformance.vllm_harness_api.MUTATION_TARGETS`` (the harness's vLLM importer).  Every
 edit applies on 0.33.0 and 0.34.0; where the line differs, the edit carries one
 alternative per release and ``releases`` says so.
 """
@@ -29,7 +29,7 @@ from conformance.mutants.source import (
 
 
 def _module(short: str) -> types.ModuleType:
-    from vllm_adapter import vllm_api as V
+    from conformance import vllm_harness_api as V
 
     return V.MUTATION_TARGETS[short]
 

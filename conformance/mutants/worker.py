@@ -14,7 +14,7 @@ from conformance.faults.worker import FaultyWorker, _Job
 
 def _report_lost_store(monkeypatch: Any) -> None:
     """A failed store (poisoned chunks) is reported as done, so its keys become loadable."""
-    from vllm_adapter import vllm_api as V
+    from conformance import vllm_harness_api as V
 
     real_lose = FaultyWorker._lose
     real_execute = FaultyWorker._execute
@@ -40,7 +40,7 @@ def _report_lost_store(monkeypatch: Any) -> None:
 def _report_load_early(monkeypatch: Any) -> None:
     """A load is reported when submitted and copied only when due, so its request runs before
     its blocks arrive."""
-    from vllm_adapter import vllm_api as V
+    from conformance import vllm_harness_api as V
 
     real_submit = FaultyWorker.submit_load
     real_execute = FaultyWorker._execute

@@ -86,7 +86,7 @@ def derive(request: Request, debug: bool) -> Any:
 
 def _derive_uncached(request: Request, debug: bool) -> Any:
     with _quiet_vllm_import(debug):
-        from vllm_adapter import vllm_api as V
+        from vllm_adapter import vllm_tools_api as V
         from vllm_adapter.derive import Recipe, derive_live
     recipe = Recipe(
         name=f"cli:{request.model_dir}:{request.engine_flags()}",

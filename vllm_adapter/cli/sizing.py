@@ -97,7 +97,7 @@ class PlannedEngine:
             raise CliError(f"{flag}: {e}") from None
 
     def offloading_config(self, vllm_extra: dict[str, Any]) -> Any:
-        from vllm_adapter import vllm_api as V
+        from vllm_adapter import vllm_tools_api as V
         from vllm_adapter.geometry import with_extra_config
 
         return V.build_offloading_config(
@@ -165,7 +165,7 @@ def _cpu_tier(
     cpu_bytes: int | None, off: Any, world_size: int, blocks: int, spec_name: str
 ) -> CpuTier:
     """vLLM's CPU tier: one page-aligned slot per chunk key, for all rank copies."""
-    from vllm_adapter import vllm_api as V
+    from vllm_adapter import vllm_tools_api as V
 
     bytes_per_block = int(off.worker_kv_bytes_per_block)
     replicated = bool(off.replicated_layout)
@@ -196,7 +196,7 @@ def _cpu_tier(
 def _kv_transfer_config(
     knob_extra: dict[str, int], cpu_bytes: int | None, request: Request
 ) -> KvTransferConfig:
-    from vllm_adapter import vllm_api as V
+    from vllm_adapter import vllm_tools_api as V
 
     extra: dict[str, Any] = {**knob_extra, "spec_name": request.spec_name}
     if request.decode_storing:
@@ -219,7 +219,7 @@ def _kv_transfer_config(
 def _group_rows(
     chunking: Chunking, sched_cfg: Any, worker_cfg: Any, chunk_bytes: int
 ) -> tuple[GroupRow, ...]:
-    from vllm_adapter import vllm_api as V
+    from vllm_adapter import vllm_tools_api as V
 
     rows = []
     for gc in chunking.groups:
@@ -254,18 +254,17 @@ def _group_rows(
 
 def release_policy(version: str, vllm_config: Any, offload_prompt_only: bool) -> tuple[Policy, bool]:
     """The rules ``version`` runs (:mod:`vllm_adapter.releases`) with the engine's settings
-    (:func:`vllm_adapter.geometry.policy_from`: retention, prompt-only storing, prefix
+    (retention as vLLM's offloading scheduler reads it, prompt-only storing, prefix
     caching); and whether the release is known."""
-    from vllm_adapter.geometry import policy_from
+    from vllm_adapter.geometry import retention_interval_from
     from vllm_adapter.releases import rules_for
 
-    engine = policy_from(vllm_config, {"offload_prompt_only": offload_prompt_only})
     rules = rules_for(version)
     policy = replace(
         rules.policy,
-        retention_interval=engine.retention_interval,
-        offload_prompt_only=engine.offload_prompt_only,
-        prefix_caching=engine.prefix_caching,
+        retention_interval=retention_interval_from(vllm_config),
+        offload_prompt_only=offload_prompt_only,
+        prefix_caching=bool(vllm_config.cache_config.enable_prefix_caching),
     )
     return policy, rules.known
 
@@ -316,7 +315,7 @@ def run_sweep(
     """``--sweep`` on an already planned engine (no model dir, no planning run): the
     knob values resolved as the connector will, each served through the workload.
     The benchmark (``conformance/bench/test_bench_sweep.py``) times this."""
-    from vllm_adapter import vllm_api as V
+    from vllm_adapter import vllm_tools_api as V
 
     engine = PlannedEngine(vllm_config, scheduler_kv_cache_config, GiB)
     _, base_extra = engine.resolve({BLOCKS_PER_CHUNK: 1})
@@ -394,7 +393,7 @@ def _engine_info(request: Request, retention_interval: int | None) -> EngineInfo
 def plan(request: Request, *, debug: bool = False) -> Sizing:
     """Derive, resolve, and size: what every format renders."""
     derivation = derive(request, debug)
-    from vllm_adapter import vllm_api as V
+    from vllm_adapter import vllm_tools_api as V
     from vllm_adapter.geometry import geometry_from_vllm
 
     vllm_config = with_retention(

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from vllm_adapter import vllm_api as V
+from vllm_adapter import vllm_tools_api as V
 
 __all__ = ["dsv4_layers"]
 

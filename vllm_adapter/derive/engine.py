@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from vllm_adapter import vllm_api as V
+from vllm_adapter import vllm_tools_api as V
 
 __all__ = [
     "StandInEngineCore",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_adapter import vllm_api as V
+from vllm_adapter import vllm_tools_api as V
 from vllm_adapter.derive.engine import collect_runner_specs, current_config
 
 __all__ = ["gemma4_backend_crosscheck", "gemma4_layers"]

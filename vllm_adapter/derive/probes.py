@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from vllm_adapter import vllm_api as V
+from vllm_adapter import vllm_tools_api as V
 
 __all__ = ["error_record", "probes"]
 

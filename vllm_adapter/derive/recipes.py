@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from vllm_adapter import vllm_api as V
+from vllm_adapter import vllm_tools_api as V
 from vllm_adapter.names import CPU_SPEC, STOCK_CONNECTOR
 
 __all__ = ["DERIVE_EXTRA_CONFIG", "GiB", "RECIPES", "Recipe"]

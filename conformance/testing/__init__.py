@@ -1,0 +1,1 @@
+"""Test fixtures shipped with the suite: deliberately broken parts the lanes must catch."""
