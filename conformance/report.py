@@ -235,7 +235,7 @@ class ConformanceReport:
 
         def result(cell_key: tuple[str, str, str] | None) -> str:
             if cell_key is None:
-                return "not run"
+                return "- (case not run on this tier)"
             cell = self.cells[cell_key]
             deviations = sorted({m for r in cell.reasons for m in DEVIATION_ID.findall(r)})
             parts = [f"{n} {what}" for n, what in ((cell.passed, "passed"),

@@ -4,7 +4,8 @@ Every command in a fenced block of PROTOCOL.md is run, with its placeholders
 (``mypackage.offload:backend``, ``my_package.my_module:MyOffloadingSpec``) replaced by kvchunk's
 own backend and spec.  ``nox -s S -- ARGS`` runs what session ``S`` runs
 (``noxfile.py``) with ``ARGS``, in this environment (nox would build a new one).
-Suite runs stop after collection (``--collect-only``): the lanes themselves run in
+Suite runs (``python -m conformance``, ``python -m pytest``) stop after collection
+(``--collect-only``): the lanes themselves run in
 ``nox -s conformance``; here the point is that every option and marker the page
 names exists and selects tests.  The corpus replay runs in full (seconds).
 """
@@ -31,7 +32,9 @@ PLACEHOLDERS = {
 
 def _commands() -> list[str]:
     blocks = PROTOCOL.read_text().split("```")[1::2]
-    lines = [line.strip() for block in blocks for line in block.splitlines()[1:]]
+    # a block's first line is its info string; a trailing backslash continues a command
+    lines = [line.strip() for block in blocks
+             for line in block.split("\n", 1)[-1].replace("\\\n", " ").splitlines()]
     return [line for line in lines if line and not line.startswith("#")]
 
 
@@ -63,7 +66,7 @@ def _argv(command: str) -> list[str]:
         argv = [*sessions[session], *posargs]
     if argv[0] == "python":
         argv[0] = sys.executable
-    if argv[1:3] == ["-m", "conformance"]:
+    if argv[1:3] in (["-m", "conformance"], ["-m", "pytest"]):
         argv.append("--collect-only")
     return argv
 
