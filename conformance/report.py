@@ -110,9 +110,6 @@ class ConformanceReport:
                 parts = (tier["before"].strip(" ,"), tier["after"].strip(" ,"))
                 case = ", ".join(p for p in parts if p) or "-"
                 self.tier_cases[(key[0], case)][tier["tier"]] = key
-                for name, value in props.items():
-                    if name.startswith("counter:") and isinstance(value, int):
-                        self.tier_counters[tier["tier"]][name.removeprefix("counter:")] += value
             files = {
                 k: v for k, v in props.items()
                 if k.startswith(("bytes_per_file:", "counter:files_", "files_written:", "files_read:"))
@@ -126,6 +123,8 @@ class ConformanceReport:
             for name, value in props.items():
                 if name.startswith("counter:") and isinstance(value, int):
                     self.counters[name.removeprefix("counter:")] += value
+                    if tier is not None:  # the same counter, per file tier
+                        self.tier_counters[tier["tier"]][name.removeprefix("counter:")] += value
                 elif name.startswith("version_answer:"):
                     suffix = "" if report.outcome == "passed" else f" (test {report.outcome})"
                     self.version_answers[name.removeprefix("version_answer:")] = f"{value}{suffix}"
