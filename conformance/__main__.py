@@ -6,7 +6,7 @@ table and writes, for that release:
 
 * ``reports/conformance-<vllm version>.md`` and ``.xml`` (JUnit);
 * ``reports/versions-<vllm version>.json``: its answers to the cases of
-  :data:`conformance.versions.CHANGES`;
+  :data:`conformance.protocol.versions.CHANGES`;
 
 then rewrites ``reports/conformance.md``: the "What changed" section (every
 release whose answers are in ``reports/``, side by side) followed by the newest
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
+from conformance.harness.spec_option import header_line as spec_header_line
+from conformance.protocol.versions import CHANGES, RELEASES, UNMEASURED, rules_line
 from conformance.report import ConformanceReport
-from conformance.spec_option import header_line as spec_header_line
-from conformance.versions import CHANGES, RELEASES, UNMEASURED, rules_line
 from vllm_adapter.releases import installed_version
 from vllm_adapter.render import render_table
 
@@ -42,7 +42,7 @@ def _vllm_version() -> str:
 
 
 def _deviations_section() -> str:
-    from conformance import deviations
+    from conformance.protocol import deviations
 
     rows = [
         (d.id, d.kind, d.lane, ", ".join(d.cases) or "-", " ".join(d.reproduction.split()))
@@ -87,7 +87,7 @@ def what_changed(answers: dict[str, dict[str, str]]) -> str:
         "Each answer is what that release's real scheduler and connector did on the case, "
         "recorded by `conformance/lanes/test_versions.py` from `reports/versions-<release>.json`. "
         "The reference replays every trace with the release's switches "
-        "(`conformance/versions.py`):\n\n"
+        "(`conformance/protocol/versions.py`):\n\n"
         f"{policies}\n\n{changes}\n\n"
         "Changes in the offloading code that no lane reaches yet:\n\n"
         f"{unmeasured}\n"

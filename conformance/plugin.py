@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from conformance.backends import Backend, load_backend
+from conformance.protocol.backends import Backend, load_backend
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -54,7 +54,7 @@ def _require_cuda() -> None:
 
 def _choose_spec(value: str | None) -> None:
     """Check ``--spec`` and hand it to every process of the run (``$KVCHUNK_SPEC``)."""
-    from conformance.spec_option import SPEC_ENV, SpecUnderTest
+    from conformance.harness.spec_option import SPEC_ENV, SpecUnderTest
 
     if not value:
         os.environ.pop(SPEC_ENV, None)
@@ -70,7 +70,7 @@ def _choose_spec(value: str | None) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     from hypothesis import HealthCheck, settings
 
-    from conformance.versions import RULES_ENV, check_release
+    from conformance.protocol.versions import RULES_ENV, check_release
 
     rules = config.getoption("--vllm-rules")
     if rules:
@@ -93,7 +93,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def rules_line() -> str | None:
     """The one line saying the installed vLLM runs another release's rules, if it does."""
-    from conformance.versions import rules_line as line
+    from conformance.protocol.versions import rules_line as line
     from vllm_adapter.releases import installed_version
 
     version = installed_version()
@@ -102,7 +102,7 @@ def rules_line() -> str | None:
 
 def header_lines() -> list[str]:
     """The header's lines: another release's rules, the spec ``--spec`` chose (each if any)."""
-    from conformance.spec_option import header_line
+    from conformance.harness.spec_option import header_line
 
     return [line for line in (rules_line(), header_line()) if line is not None]
 

@@ -34,7 +34,7 @@ class NullBlockRule(Enum):
 class Policy:
     """Engine settings that change plans but not chunk shapes.
 
-    The defaults are the intended rules.  ``conformance.versions`` says which
+    The defaults are the intended rules.  ``conformance.protocol.versions`` says which
     switches each vLLM release runs with, so the plan lane compares exactly.
     """
 

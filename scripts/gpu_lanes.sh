@@ -19,7 +19,7 @@
 #   KVCHUNK_GPU_LANES_ANYWAY=1  run the lanes even without CUDA (no --require-cuda:
 #                       they then skip; for checking this script on a CPU machine)
 #   KVCHUNK_VLLM_RULES  a known release whose rules a dev/rc/post vLLM build runs
-#                       (default: the newest known release's; see conformance/versions.py)
+#                       (default: the newest known release's; see conformance/protocol/versions.py)
 #
 # What the machine must already have: a CUDA build of torch and vllm built against
 # it, importable by $PYTHON: a known release (0.33.0, 0.34.0) or any build of

@@ -1,4 +1,4 @@
-"""A CPU stand-in for vLLM's CUDA ``CPUOffloadingWorker``, for tests of :mod:`conformance.gpu_copy`.
+"""A CPU stand-in for vLLM's CUDA ``CPUOffloadingWorker``, for tests of :mod:`conformance.harness.gpu_copy`.
 
 vLLM's own descriptor code (``SingleDirectionOffloadingHandler._fill_direct_ops``
 / ``compute_sub_block_ptrs``, called unchanged) computes every copy's addresses
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from conformance import vllm_harness_api as V
+from conformance.harness import vllm_harness_api as V
 from reference.mathutil import cdiv
 
 __all__ = ["EmulatedVllmWorker"]

@@ -38,7 +38,7 @@ from reference.rules import WindowRule  # noqa: E402
 
 WHOLE = WindowRule.WHOLE_WINDOW
 """vLLM's config field ``sliding_window_size_in_chunks`` (reference.rules.WindowRule)."""
-from conformance import vllm_harness_api as V  # noqa: E402
+from conformance.harness import vllm_harness_api as V  # noqa: E402
 from vllm_adapter.cli.sizing import release_policy  # noqa: E402
 from vllm_adapter.geometry import (  # noqa: E402
     VllmRejected,

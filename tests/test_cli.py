@@ -67,7 +67,7 @@ needs_vllm = pytest.mark.skipif(
 
 def gemma() -> tuple[int, int, int, int]:
     """:data:`GEMMA_BY_DEFAULT_BLOCK` for the installed vLLM."""
-    from conformance import vllm_harness_api as V
+    from conformance.harness import vllm_harness_api as V
 
     return GEMMA_BY_DEFAULT_BLOCK[V.CacheConfig.DEFAULT_BLOCK_SIZE]
 
@@ -206,7 +206,7 @@ def test_table_and_markdown_print(model: str) -> None:
 @needs_vllm
 @pytest.mark.parametrize("model", sorted(MODELS_512))
 def test_printed_json_runs_a_real_scheduler(model: str) -> None:
-    from conformance import vllm_harness_api as V
+    from conformance.harness import vllm_harness_api as V
     from vllm_adapter import fixtures as fx
     from vllm_adapter.connector import KvchunkOffloadingConnector
 
@@ -627,7 +627,7 @@ def test_chunk_bytes_states_the_files_of_the_chosen_knob() -> None:
 def test_tiering_spec_emits_vllms_fs_secondary_tier() -> None:
     import inspect
 
-    from conformance import vllm_harness_api as V
+    from conformance.harness import vllm_harness_api as V
 
     d = doc(
         [
@@ -700,8 +700,8 @@ def reference_economics(
     release's rules, serving the CLI's default workload: (Economics, chunking, policy)."""
     import dataclasses
 
-    from conformance import vllm_harness_api as V
-    from conformance.versions import rules_for
+    from conformance.harness import vllm_harness_api as V
+    from conformance.protocol.versions import rules_for
     from reference.economics import economics
     from reference.workload import preset
     from vllm_adapter import fixtures as fx

@@ -1,6 +1,6 @@
 """Config fuzzing: every kv_connector_extra_config gets the reference's resolution or a clean error.
 
-The judge is :func:`conformance.fuzz.check_extra_config` (see its module for
+The judge is :func:`conformance.harness.fuzz.check_extra_config` (see its module for
 the rules): the kvchunk connector, built through vLLM's ``KVConnectorFactory``
 on each stored fixture geometry, either runs exactly what
 :func:`reference.knobs.resolve_extra_config` resolves or raises a
@@ -25,8 +25,8 @@ pytest.importorskip("vllm")
 
 from hypothesis import event, given, settings  # noqa: E402
 
-from conformance import fuzz as FZ  # noqa: E402
-from conformance.strategies import SLOW_EXAMPLE_CHECKS  # noqa: E402
+from conformance.harness import fuzz as FZ  # noqa: E402
+from conformance.harness.strategies import SLOW_EXAMPLE_CHECKS  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from conformance.backends import REFERENCE
 from conformance.corpus.codec import CorpusFormatError
 from conformance.corpus.coverage import SITUATIONS, coverage_markdown, covers, section8_rules
 from conformance.corpus.format import (
@@ -27,6 +26,7 @@ from conformance.corpus.format import (
     read_corpus,
 )
 from conformance.corpus.run import check_case
+from conformance.protocol.backends import REFERENCE
 
 ROOT = Path(__file__).resolve().parents[1]
 RELEASES = ("0.33.0", "0.34.0")

@@ -1,4 +1,4 @@
-"""CPU tests of the CUDA lanes' CPU side: :mod:`conformance.gpu_copy`, :mod:`conformance.e2e`.
+"""CPU tests of the CUDA lanes' CPU side: :mod:`conformance.harness.gpu_copy`, :mod:`conformance.harness.e2e`.
 
 vLLM's CUDA worker cannot run here; ``EmulatedVllmWorker`` (``tests/emulated_worker.py``)
 stands in for it (vLLM's own descriptor code, ``memmove`` as copy engine) over
@@ -25,8 +25,8 @@ pytest.importorskip("vllm")
 
 from emulated_worker import EmulatedVllmWorker  # noqa: E402
 
-from conformance import e2e as E  # noqa: E402
-from conformance import gpu_copy as G  # noqa: E402
+from conformance.harness import e2e as E  # noqa: E402
+from conformance.harness import gpu_copy as G  # noqa: E402
 from reference.transfer import TensorRef, TransferLayout  # noqa: E402
 from reference.transfer_fast import plan_copies  # noqa: E402
 
@@ -47,7 +47,7 @@ needs_shm = pytest.mark.skipif(
 
 
 def _driver(name: str, extra: dict[str, int], kvchunk: bool, nb: int, nc: int) -> Any:
-    from conformance.fixture_runs import fixture_driver
+    from conformance.harness.fixture_runs import fixture_driver
 
     return fixture_driver(
         name,
@@ -74,8 +74,8 @@ class _Rig:
         mutate: Any = None,
         seed: int = 0,
     ) -> None:
-        from conformance import vllm_harness_api as V
-        from conformance.kvdata import SyntheticModelRunner
+        from conformance.harness import vllm_harness_api as V
+        from conformance.harness.kvdata import SyntheticModelRunner
         from vllm_adapter.spec import ReferenceOffloadingWorker
 
         self.nb, self.nc = nb, nc
@@ -195,7 +195,7 @@ def test_job_sub_slots_rejects_ids_left_over() -> None:
 
 
 def test_job_specs_are_vllm_specs() -> None:
-    from conformance import vllm_harness_api as V
+    from conformance.harness import vllm_harness_api as V
 
     job = G.Job("load", (4, 5, 6), (1, 2), (3, 8), (9, 2, 3))
     src, dst = job.specs()
@@ -212,7 +212,7 @@ def test_job_specs_with_kv_caches_are_what_the_connector_worker_passes() -> None
     0.33.0: the ``GPULoadStoreSpec``; 0.34.0: ``DevicePointers`` resolved over the
     tensors, which decode back to the job's blocks.
     """
-    from conformance import vllm_harness_api as V
+    from conformance.harness import vllm_harness_api as V
 
     buf = torch.zeros(16 * 96, dtype=torch.int8)
     kv = V.CanonicalKVCaches(
@@ -535,7 +535,7 @@ def test_gpu_copy_lane_recorded_cases_store_and_load() -> None:
 def test_e2e_cases_keep_every_layer_kind() -> None:
     import json
 
-    from conformance import vllm_harness_api as V
+    from conformance.harness import vllm_harness_api as V
 
     seen = set()
     for case in E.E2E_CASES:
@@ -577,7 +577,7 @@ def test_e2e_cases_keep_every_layer_kind() -> None:
 def test_e2e_engine_kwargs_are_engine_args() -> None:
     import dataclasses
 
-    from conformance import vllm_harness_api as V
+    from conformance.harness import vllm_harness_api as V
 
     names = {f.name for f in dataclasses.fields(V.EngineArgs)}
     for case in E.E2E_CASES:

@@ -448,7 +448,7 @@ def _dsv4_expected(max_model_len: int) -> tuple[dict[str, Any], int, int]:
 @pytest.mark.parametrize("knob_name", ["block_size", "blocks_per_chunk"])
 def test_connector_refuses_a_chunk_longer_than_max_model_len(knob_name: str) -> None:
     pytest.importorskip("vllm")
-    from conformance import vllm_harness_api as V
+    from conformance.harness import vllm_harness_api as V
     from vllm_adapter.connector import KvchunkOffloadingConnector, resolve_for_vllm
     from vllm_adapter.geometry import with_extra_config
 

@@ -1,4 +1,4 @@
-"""conformance.invariants: each check on small hand-built traces, holding and violated.
+"""conformance.protocol.invariants: each check on small hand-built traces, holding and violated.
 
 One full-attention group, 16 tokens a block, one block a chunk (a chunk = 16 tokens,
 one hash unit): request ``a`` stores a 48-token prompt (3 chunks), the GPU prefix cache
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from conformance import invariants as I
-from conformance import trace as T
-from conformance.replay import recorded_answers
+from conformance.protocol import invariants as I
+from conformance.protocol import trace as T
+from conformance.protocol.replay import recorded_answers
 from reference.geometry import Geometry, GroupKind, KVGroup
 from reference.jobs import LoadJob, StoreJob
 from reference.keys import make_key, prefix_block_hashes

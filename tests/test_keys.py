@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.strategies import geometries
+from conformance.harness.strategies import geometries
 from reference.geometry import Geometry, GroupKind, KVGroup
 from reference.keys import chunk_key, group_keys, make_key, prefix_block_hashes, split_key
 from reference.knobs import BlocksPerChunk, resolve

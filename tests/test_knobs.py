@@ -6,7 +6,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from conformance.strategies import geometries, knobs
+from conformance.harness.strategies import geometries, knobs
 from reference.geometry import Geometry, GroupKind, KVGroup
 from reference.knobs import (
     BlockSize,
@@ -171,7 +171,7 @@ def test_retention_interval_must_be_a_multiple_of_windowed_chunks() -> None:
 # --- worked examples from docs/semantics.md (regression) -----------------------
 
 # The two models' geometries (vLLM-derived; tests/test_fixtures.py pins the fixtures).
-from conformance.tables import DSV4_TP4, GEMMA4_TP2  # noqa: E402
+from conformance.harness.tables import DSV4_TP4, GEMMA4_TP2  # noqa: E402
 
 
 @pytest.mark.parametrize(

@@ -5,10 +5,10 @@ For both model geometries, a real vLLM Scheduler with the kvchunk connector and
 5000-token prompt is stored.  After a GPU prefix-cache reset it is loaded back
 through the reference spec's worker, and the loaded bytes equal the stored bytes.
 
-Path: :func:`conformance.fixture_runs.fixture_driver` (the stored fixture's engine
+Path: :func:`conformance.harness.fixture_runs.fixture_driver` (the stored fixture's engine
 config, ``KvchunkOffloadingConnector``, ``ReferenceOffloadingSpec``, KV tensors
 re-planned by vLLM for a small GPU pool) and
-:class:`conformance.kvdata.SyntheticModelRunner` (deterministic bytes for every
+:class:`conformance.harness.kvdata.SyntheticModelRunner` (deterministic bytes for every
 computed token, poisoned load destinations, per-position expected-bytes checks).
 On top of the runner's checks, this test keeps a copy of every GPU block the
 reference worker stores (all layers of its group, read through the runner's
@@ -41,9 +41,9 @@ pytest.importorskip("vllm")
 
 import torch  # noqa: E402
 
-from conformance.fixture_runs import fixture_driver  # noqa: E402
-from conformance.kvdata import SyntheticModelRunner  # noqa: E402
-from conformance.trace import RequestSpec  # noqa: E402
+from conformance.harness.fixture_runs import fixture_driver  # noqa: E402
+from conformance.harness.kvdata import SyntheticModelRunner  # noqa: E402
+from conformance.protocol.trace import RequestSpec  # noqa: E402
 from vllm_adapter.fixtures import load_fixture  # noqa: E402
 
 pytestmark = pytest.mark.vllm

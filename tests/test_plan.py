@@ -1,6 +1,6 @@
 """Store and load plans of the reference, on random geometries (no vLLM).
 
-The sim engine (conformance.sim) allocates block tables, writes synthetic,
+The sim engine (conformance.harness.sim) allocates block tables, writes synthetic,
 prefix-determined KV bytes, and runs every job through reference.transfer, so
 these properties pin plans and bytes together.
 """
@@ -11,8 +11,8 @@ import torch
 from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
-from conformance.sim import SimEngine, first_needed_block
-from conformance.strategies import geometries
+from conformance.harness.sim import SimEngine, first_needed_block
+from conformance.harness.strategies import geometries
 from reference.geometry import Geometry, GroupKind, KVGroup
 from reference.keys import chunk_key, prefix_block_hashes
 from reference.knobs import BlocksPerChunk, Chunking, PerGroupBlocksPerChunk, resolve

@@ -1,6 +1,6 @@
 """The reference's named policy switches (``reference.plan.Policy``), each on its smallest case.
 
-vLLM releases differ on these rules (``conformance/versions.py``); the defaults
+vLLM releases differ on these rules (``conformance/protocol/versions.py``); the defaults
 are the intended rules.  Each test builds the planner state by hand, so the
 expected values follow from the rule's statement, not from either release.
 """
@@ -119,7 +119,7 @@ FA64_SW33 = Geometry(
 
 def _replayed_hit(rule: WindowRule) -> int:
     """A 256-token prompt stored, then the same prompt again: the hit (no GPU cache)."""
-    from conformance.sim import SimEngine
+    from conformance.harness.sim import SimEngine
 
     sim = SimEngine(resolve(FA64_SW33, BlocksPerChunk(2)), policy=Policy(window=rule))
     prompt = list(range(256))

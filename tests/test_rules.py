@@ -12,7 +12,7 @@ from dataclasses import fields, replace
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from conformance.strategies import geometries
+from conformance.harness.strategies import geometries
 from reference import rules
 from reference.geometry import Geometry, GroupKind, KVGroup
 from reference.keys import group_keys, prefix_block_hashes
@@ -467,7 +467,7 @@ def test_planner_store_job_equals_rules(n: int, data: st.DataObject) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Invariants of the rules themselves (conformance/invariants.py checks the same
+# Invariants of the rules themselves (conformance/protocol/invariants.py checks the same
 # properties on traces, reference and vLLM alike; these draw what vLLM cannot run:
 # groups below the hash unit, per-group knobs, any window).
 # ---------------------------------------------------------------------------

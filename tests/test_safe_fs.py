@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conformance import vllm_harness_api as V  # noqa: E402
+from conformance.harness import vllm_harness_api as V  # noqa: E402
 from vllm_adapter import chunk_file as C  # noqa: E402
 from vllm_adapter import names  # noqa: E402
 from vllm_adapter import safe_fs as S  # noqa: E402

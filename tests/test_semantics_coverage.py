@@ -5,7 +5,7 @@ directly or through other rules of ``reference/rules.py``, by the Planner
 (``reference/plan.py``, ``reference/plan_state.py``), the transfer spec
 (``reference/transfer.py``) or the economics engine (``reference/economics.py``);
 (b) a test of ``tests/test_rules.py`` calls it by name; (c) the meta lane has a
-mutant of it (``conformance/mutants/rules.py``).  Sources are read with :mod:`ast`.
+mutant of it (``conformance/meta/mutants/rules.py``).  Sources are read with :mod:`ast`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import ast
 import re
 from pathlib import Path
 
-from conformance.mutants import rules as rule_mutants
+from conformance.meta.mutants import rules as rule_mutants
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES_MODULE = "reference.rules"
@@ -122,7 +122,7 @@ def test_every_rule_has_a_mutant() -> None:
     mutated = _mutated()
     rules = _section_8_rules()
     missing = [name for name in rules if name not in mutated]
-    assert not missing, f"§8 rules without a mutant in conformance/mutants/rules.py: {missing}"
+    assert not missing, f"§8 rules without a mutant in conformance/meta/mutants/rules.py: {missing}"
 
 
 def test_the_walk_sees_calls_and_only_calls() -> None:

@@ -2,7 +2,7 @@
 
 vLLM's names are bound in three modules (see :mod:`vllm_adapter.vllm_api`): the
 serving core, the operator tooling (:mod:`vllm_adapter.vllm_tools_api`) and the
-conformance harness (:mod:`conformance.vllm_harness_api`).  An upstream rename
+conformance harness (:mod:`conformance.harness.vllm_harness_api`).  An upstream rename
 of a name only the harness or the tooling uses makes that module fail to
 import; the serving modules and the CLI's entry point must still import, and
 serving must not pull in the conformance suite at all.  Each case runs in a
@@ -24,7 +24,7 @@ pytest.importorskip("vllm")
 
 ROOT = Path(__file__).resolve().parents[1]
 
-NOT_SERVING = ("conformance.vllm_harness_api", "vllm_adapter.vllm_tools_api")
+NOT_SERVING = ("conformance.harness.vllm_harness_api", "vllm_adapter.vllm_tools_api")
 """Made unimportable, as an upstream rename of one of their names would make them."""
 
 SERVING = (

@@ -22,10 +22,10 @@ pytest.importorskip("vllm")
 
 from emulated_worker import EmulatedVllmWorker  # noqa: E402
 
-from conformance import driver as D  # noqa: E402
-from conformance import kvdata  # noqa: E402
-from conformance import vllm_harness_api as V  # noqa: E402
-from conformance.trace import RequestSpec  # noqa: E402
+from conformance.harness import driver as D  # noqa: E402
+from conformance.harness import kvdata  # noqa: E402
+from conformance.harness import vllm_harness_api as V  # noqa: E402
+from conformance.protocol.trace import RequestSpec  # noqa: E402
 from reference.transfer import TensorRef  # noqa: E402
 from vllm_adapter import spec as S  # noqa: E402
 

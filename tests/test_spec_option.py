@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.spec_option import SPEC_ENV, SpecUnderTest, chosen
+from conformance.harness.spec_option import SPEC_ENV, SpecUnderTest, chosen
 
 ROOT = Path(__file__).resolve().parent.parent
 LANES = ROOT / "conformance" / "lanes"
@@ -64,7 +64,7 @@ def test_chosen_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     [
         ("no_such_module_kvchunk:Spec", "cannot import"),
         ("vllm_adapter.spec:NoSuchSpec", "has no class"),
-        ("conformance.spec_option:SpecUnderTest", "not a subclass of vLLM's OffloadingSpec"),
+        ("conformance.harness.spec_option:SpecUnderTest", "not a subclass of vLLM's OffloadingSpec"),
     ],
 )
 def test_a_spec_that_does_not_load_is_an_error_naming_the_option(value: str, why: str) -> None:

@@ -30,7 +30,7 @@ from test_transfer import FIXED_CASE, MUTATIONS, Job, check_rejected, spec_copie
 
 import reference.transfer as spec
 import reference.transfer_fast as fast
-from conformance.strategies import geometries
+from conformance.harness.strategies import geometries
 from reference.transfer import IdsLike, TensorRef, TransferLayout
 from reference.transfer_fast import TensorCopies
 

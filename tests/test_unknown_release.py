@@ -22,7 +22,14 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conformance.versions import NEWEST, RELEASES, RULES_ENV, check_release, rules_for, rules_line
+from conformance.protocol.versions import (
+    NEWEST,
+    RELEASES,
+    RULES_ENV,
+    check_release,
+    rules_for,
+    rules_line,
+)
 from vllm_adapter import fixtures as F
 from vllm_adapter import releases
 from vllm_adapter.derive import RECIPES

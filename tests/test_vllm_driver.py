@@ -1,7 +1,7 @@
 """The vLLM driver: vLLM 0.33.0's real scheduler + OffloadingConnector on CPU, recorded.
 
 Reproduces the worked examples of the semantics notes (§7) through
-:mod:`conformance.driver` and checks the recorded jobs against keys
+:mod:`conformance.harness.driver` and checks the recorded jobs against keys
 computed by :mod:`reference.keys` from the request's own block hashes and
 against the request's own block table.
 """
@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conformance import driver as D  # noqa: E402
-from conformance import vllm_harness_api as V  # noqa: E402
-from conformance.trace import (  # noqa: E402
+from conformance.harness import driver as D  # noqa: E402
+from conformance.harness import vllm_harness_api as V  # noqa: E402
+from conformance.protocol.trace import (  # noqa: E402
     AbortSpec,
     Alloc,
     BuildMeta,
@@ -370,7 +370,7 @@ def test_world_size_above_one_reports_each_job_once_per_worker() -> None:
     vLLM's scheduler completes a job after ``world_size`` reports (one per rank);
     one report per job left every store pending while the session said it was idle.
     """
-    from conformance.fixture_runs import fixture_driver
+    from conformance.harness.fixture_runs import fixture_driver
     driver = fixture_driver(
         "gemma-4-31B-it-tp2", {"blocks_per_chunk": 1}, num_gpu_blocks=224, num_cpu_chunks=256
     )

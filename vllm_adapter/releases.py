@@ -4,13 +4,13 @@ The reference (:class:`reference.plan.Policy`) defaults to the *intended* rule
 for every switch.  A release that deviates runs the switch that reproduces it,
 so the plan lane can still compare call by call, and the operator tooling
 (``python -m vllm_adapter config``) models the release the operator runs.  The
-deviations themselves are listed in ``conformance/deviations/vllm-<version>.toml``
-and, where two releases differ, in ``conformance.versions.CHANGES``.
+deviations themselves are listed in ``conformance/protocol/deviations/vllm-<version>.toml``
+and, where two releases differ, in ``conformance.protocol.versions.CHANGES``.
 
 One row per release; a release not listed (a dev, rc or post build, or a newer
 release) runs the newest row's rules (``rules_for(...).known`` is False).  The
 installed vLLM may be told to run another row's rules instead: ``KVCHUNK_VLLM_RULES``
-(the suite's ``--vllm-rules RELEASE`` sets it).  ``conformance.versions``
+(the suite's ``--vllm-rules RELEASE`` sets it).  ``conformance.protocol.versions``
 re-exports these names (the adapter may not import the conformance suite).
 """
 

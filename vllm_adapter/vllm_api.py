@@ -13,7 +13,7 @@ break ``import vllm_adapter.connector``:
 * :mod:`vllm_adapter.vllm_tools_api`: the operator tooling (``python -m
   vllm_adapter config``, fixture derivation), which reaches into vLLM's engine
   core, workers and private helpers;
-* :mod:`conformance.vllm_harness_api`: the conformance harness and the tests
+* :mod:`conformance.harness.vllm_harness_api`: the conformance harness and the tests
   (driver, benchmarks, GPU lanes, mutation targets).
 
 ``tests/test_serving_imports.py`` imports the serving modules with the other

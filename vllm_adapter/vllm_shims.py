@@ -2,7 +2,7 @@
 
 One small, named shim per difference, detected by feature (never by version
 string), so the code that uses it reads the same on both releases.
-:mod:`conformance.versions` documents which *behaviours* (as opposed to APIs)
+:mod:`conformance.protocol.versions` documents which *behaviours* (as opposed to APIs)
 changed.
 
 Serving imports this module (through :mod:`vllm_adapter.vllm_api`), so its
@@ -10,7 +10,7 @@ top-level vLLM imports are only names serving depends on anyway, or guarded by
 ``try``/``except ImportError`` where a release lacks them; a shim that needs a
 harness-only name imports it inside the function.  The serving core, the CLI
 tooling (:mod:`vllm_adapter.vllm_tools_api`) and the harness
-(:mod:`conformance.vllm_harness_api`) re-export the shims they use.
+(:mod:`conformance.harness.vllm_harness_api`) re-export the shims they use.
 """
 
 from __future__ import annotations

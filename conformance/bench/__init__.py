@@ -89,11 +89,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance import cases
 from conformance.bench.stats import RatioInterval, Verdict, classify, paired_interval
+from conformance.harness import cases
 
 GEOMETRIES: dict[str, str] = {name: cases.LABELS[name] for name in cases.MODEL_FIXTURES}
-"""Fixture name -> label: the real models of :data:`conformance.cases.FIXTURES`."""
+"""Fixture name -> label: the real models of :data:`conformance.harness.cases.FIXTURES`."""
 
 BLOCKS_PER_CHUNK: tuple[int, ...] = cases.BENCH_BLOCKS_PER_CHUNK
 

@@ -39,7 +39,7 @@ agentic`` prints the same figures."""
 
 def file_economics(geometry: str, knob: str, value: int) -> dict[str, Any]:
     """The knob's chunking, file size and the workload's files, hits and disk time."""
-    from conformance import vllm_harness_api as V
+    from conformance.harness import vllm_harness_api as V
     from vllm_adapter import fixtures as fx
     from vllm_adapter.cli.economics import serve, traffic
     from vllm_adapter.cli.sizing import release_policy, slot_bytes

@@ -51,7 +51,7 @@ from reference.mathutil import cdiv
 
 pytest.importorskip("vllm")
 
-from conformance import vllm_harness_api as V  # noqa: E402
+from conformance.harness import vllm_harness_api as V  # noqa: E402
 from vllm_adapter import fixtures as fx  # noqa: E402
 
 ROUNDS = env_int("KVCHUNK_BENCH_DISK_ROUNDS", 3)

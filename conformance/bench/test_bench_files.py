@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from conformance import cases
 from conformance.bench import BLOCKS_PER_CHUNK, GEOMETRIES, record
 from conformance.bench.economics import FS_MODELS, WORKLOAD, file_economics
+from conformance.harness import cases
 
 pytest.importorskip("vllm")
 

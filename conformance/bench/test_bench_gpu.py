@@ -1,7 +1,7 @@
 """GPU (CUDA only): vLLM's CPU-offloading worker and the reference worker vs pinned cudaMemcpyAsync.
 
 On a CUDA host: the fixture's KV cache on the GPU (vLLM's ``allocate_kv_cache``
-through :class:`conformance.kvdata.SyntheticModelRunner`, ``NUM_BLOCKS`` blocks),
+through :class:`conformance.harness.kvdata.SyntheticModelRunner`, ``NUM_BLOCKS`` blocks),
 the ``CanonicalKVCaches`` vLLM's ``register_kv_caches`` builds from it, and
 
 * vLLM 0.33.0's real ``CPUOffloadingWorker`` (``CPUOffloadingSpec.create_worker``:
@@ -77,9 +77,9 @@ def cuda_setup(geometry: str, blocks_per_chunk: int) -> dict[str, Any]:
 
 def _build(geometry: str, blocks_per_chunk: int) -> dict[str, Any]:
     """KV cache on the GPU, its canonical tensors, and both workers over them."""
-    from conformance import gpu_copy as gpu
-    from conformance.fixture_runs import fixture_driver
-    from conformance.kvdata import SyntheticModelRunner
+    from conformance.harness import gpu_copy as gpu
+    from conformance.harness.fixture_runs import fixture_driver
+    from conformance.harness.kvdata import SyntheticModelRunner
     from reference.mathutil import cdiv
     from vllm_adapter.spec import ReferenceOffloadingWorker, canonical_gpu_tensors
 
@@ -121,7 +121,7 @@ def _build(geometry: str, blocks_per_chunk: int) -> dict[str, Any]:
 def test_gpu_transfer(
     benchmark: Any, geometry: str, blocks_per_chunk: int, direction: str, worker_name: str
 ) -> None:
-    from conformance import gpu_copy as gpu
+    from conformance.harness import gpu_copy as gpu
 
     setup = cuda_setup(geometry, blocks_per_chunk)
     worker = setup["workers"][worker_name]

@@ -1,12 +1,12 @@
 """Oracle cost per scheduler step on long prompts: kvchunk's reference vs vLLM's scheduler.
 
 The conformance lanes check every scheduler step vLLM takes against kvchunk's
-reference (:mod:`conformance.replay`: the knob resolved by
-:func:`conformance.replay.chunking_of`, then the reference planner's lookup,
+reference (:mod:`conformance.protocol.replay`: the knob resolved by
+:func:`conformance.protocol.replay.chunking_of`, then the reference planner's lookup,
 load and store decisions for every step, compared with vLLM's).  This figure
 times that oracle on a trace of long multi-turn prompts against vLLM's real
 ``Scheduler`` + stock ``OffloadingConnector`` running the same requests
-(:class:`conformance.driver.VllmDriver`, worker side emulated), per step.
+(:class:`conformance.harness.driver.VllmDriver`, worker side emulated), per step.
 
 Workload (:func:`workload`): ``CONVERSATIONS`` conversations sharing a
 ``SYSTEM_TOKENS``-token system prompt, each first turn ``PROMPT_TOKENS``
@@ -50,10 +50,10 @@ from conformance.bench import (
 
 pytest.importorskip("vllm")
 
-from conformance import driver as D  # noqa: E402
-from conformance import vllm_harness_api as V  # noqa: E402
-from conformance.replay import first_divergence, recorded_answers, replay  # noqa: E402
-from conformance.trace import RequestSpec, ResetSpec, Trace, WorkloadSpec  # noqa: E402
+from conformance.harness import driver as D  # noqa: E402
+from conformance.harness import vllm_harness_api as V  # noqa: E402
+from conformance.protocol.replay import first_divergence, recorded_answers, replay  # noqa: E402
+from conformance.protocol.trace import RequestSpec, ResetSpec, Trace, WorkloadSpec  # noqa: E402
 from vllm_adapter import fixtures as fx  # noqa: E402
 from vllm_adapter.names import KVCHUNK_CONNECTOR, STOCK_CONNECTOR, connector_module  # noqa: E402
 

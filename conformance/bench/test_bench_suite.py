@@ -3,7 +3,7 @@
 One plan-lane case per geometry and ``blocks_per_chunk`` (the lane's fixture
 driver: vLLM's real ``Scheduler`` + stock ``OffloadingConnector``, 512 GPU
 blocks), ``EXAMPLES`` workloads drawn by the lane's own strategy
-(:func:`conformance.workloads.workloads`, derandomized).  First the whole lane
+(:func:`conformance.harness.workloads.workloads`, derandomized).  First the whole lane
 example runs as the lane runs it (hypothesis draw, vLLM run, reference replay,
 comparison), which also records the traces; then, measured: the oracle alone
 (``replay`` + ``recorded_answers`` + ``first_divergence`` over the traces) vs
@@ -24,9 +24,9 @@ pytest.importorskip("vllm")
 
 from hypothesis import Phase, given, settings  # noqa: E402
 
-from conformance.replay import first_divergence, recorded_answers, replay  # noqa: E402
-from conformance.strategies import SLOW_EXAMPLE_CHECKS  # noqa: E402
-from conformance.workloads import PlanCase, driver_for, workloads  # noqa: E402
+from conformance.harness.strategies import SLOW_EXAMPLE_CHECKS  # noqa: E402
+from conformance.harness.workloads import PlanCase, driver_for, workloads  # noqa: E402
+from conformance.protocol.replay import first_divergence, recorded_answers, replay  # noqa: E402
 from vllm_adapter.names import STOCK_CONNECTOR  # noqa: E402
 
 EXAMPLES = env_int("KVCHUNK_BENCH_SUITE_EXAMPLES", 12)

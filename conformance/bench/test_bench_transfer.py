@@ -2,7 +2,7 @@
 
 The KV tensors are the canonical tensors vLLM 0.33.0's own ``register_kv_caches``
 builds for the fixture's worker-view config (``NUM_BLOCKS`` blocks, allocated by
-vLLM's ``allocate_kv_cache`` through :class:`conformance.kvdata.SyntheticModelRunner`):
+vLLM's ``allocate_kv_cache`` through :class:`conformance.harness.kvdata.SyntheticModelRunner`):
 gemma-4-31B-it TP2 gives 10 tensors of 131072-byte pages (one buffer, shared by
 its 6 groups), DeepSeek-V4-Flash TP4 one tensor of 1002240-byte packed blocks.
 A job moves ``JOB_BLOCKS`` random, non-contiguous blocks of one group (every
@@ -78,8 +78,8 @@ def _flat(storage: Any) -> torch.Tensor:
 @functools.lru_cache(maxsize=1)
 def kv_geometry(name: str) -> KvGeometry:
     """vLLM's canonical KV tensors for fixture ``name``, every page touched and row-tagged."""
-    from conformance.fixture_runs import fixture_driver
-    from conformance.kvdata import SyntheticModelRunner
+    from conformance.harness.fixture_runs import fixture_driver
+    from conformance.harness.kvdata import SyntheticModelRunner
 
     driver = fixture_driver(
         name, {"blocks_per_chunk": 1}, num_gpu_blocks=NUM_BLOCKS, num_cpu_chunks=1

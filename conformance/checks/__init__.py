@@ -1,5 +1,5 @@
 """The lanes' checks, stated once: the lanes (thin pytest wrappers) and the meta lane's
-mutation score (:mod:`conformance.mutation`) call the same functions.
+mutation score (:mod:`conformance.meta.mutation`) call the same functions.
 
 - :mod:`conformance.checks.config`: vLLM's config path against the reference (needs vLLM);
 - :mod:`conformance.checks.plan`: recorded answers against the reference's replay, the
@@ -10,7 +10,7 @@ mutation score (:mod:`conformance.mutation`) call the same functions.
 A check returns normally when it holds and raises :class:`CheckFailed` (an
 ``AssertionError``) saying exactly what differed when it does not.  Any other
 exception out of a check is a crash, not a finding: the mutation score counts
-only assertion failures (:func:`conformance.mutation.classify`).
+only assertion failures (:func:`conformance.meta.mutation.classify`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Config lane checks: vLLM's ``build_offloading_config`` / ``SchedulerOffloadConfig``
 against the reference's knob resolution (needs vLLM).
 
-Each check takes one :class:`conformance.cases.Case` (a fixture and a knob) and raises
+Each check takes one :class:`conformance.harness.cases.Case` (a fixture and a knob) and raises
 :class:`~conformance.checks.CheckFailed` naming the case and what differed.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from conformance.cases import Case
 from conformance.checks import CheckFailed, expect, expect_equal
+from conformance.harness.cases import Case
 from reference.knobs import Chunking, resolve_extra_config
 from vllm_adapter import fixtures as F
 from vllm_adapter.geometry import (

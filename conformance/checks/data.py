@@ -11,11 +11,11 @@ import random
 from typing import TYPE_CHECKING
 
 from conformance.checks import expect
-from conformance.kvdata import DataStats, SyntheticModelRunner
-from conformance.trace import RequestSpec
+from conformance.harness.kvdata import DataStats, SyntheticModelRunner
+from conformance.protocol.trace import RequestSpec
 
 if TYPE_CHECKING:
-    from conformance.driver import VllmDriver
+    from conformance.harness.driver import VllmDriver
 
 __all__ = ["loads_carry_the_stored_bytes", "run_workload"]
 

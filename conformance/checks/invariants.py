@@ -1,5 +1,5 @@
 """Plan lane invariant checks: properties any correct offloading planner satisfies
-(:mod:`conformance.invariants`), on vLLM's recorded answers and on the reference's
+(:mod:`conformance.protocol.invariants`), on vLLM's recorded answers and on the reference's
 intended rules (``Policy()``'s switches) for the same trace.
 """
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from conformance import deviations
-from conformance import invariants as I
-from conformance import trace as T
 from conformance.checks import expect
-from conformance.replay import Answer, PlannerLike
+from conformance.protocol import deviations
+from conformance.protocol import invariants as I
+from conformance.protocol import trace as T
+from conformance.protocol.replay import Answer, PlannerLike
 from reference.knobs import Chunking
 from reference.plan import Planner, Policy
 from reference.rules import WindowRule, window_in_chunks

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from conformance import trace as T
 from conformance.checks import CheckFailed, expect
-from conformance.replay import (
+from conformance.harness.workloads import PlanCase, driver_for
+from conformance.protocol import trace as T
+from conformance.protocol.replay import (
     Answer,
     Divergence,
     PlannerFactory,
@@ -19,7 +20,6 @@ from conformance.replay import (
     recorded_answers,
     replay,
 )
-from conformance.workloads import PlanCase, driver_for
 
 __all__ = ["answers_agree", "eviction_problem", "exercised_both_directions",
            "full_tier_evicts_what_capacity_requires", "tier_holds_what_it_was_sized_for"]

@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
-from conformance.strategies import SLOW_EXAMPLE_CHECKS
+from conformance.harness.strategies import SLOW_EXAMPLE_CHECKS
 
 __all__ = ["PROPERTY_EXAMPLES", "unit_tests"]
 

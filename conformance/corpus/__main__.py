@@ -41,9 +41,9 @@ def _reexec_with_hash_seed(argv: list[str]) -> int | None:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from conformance.backends import load_backend
     from conformance.corpus.format import read_corpus
     from conformance.corpus.run import check_case
+    from conformance.protocol.backends import load_backend
 
     backend = load_backend(args.backend)
     paths = [Path(p) for p in args.corpus] or sorted(DATA_DIR.glob("vllm-*.jsonl"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from conformance import trace as T
+from conformance.protocol import trace as T
 
 BASE = tuple((7 * i) % 30 for i in range(700))
 """Shared token stream: prompts are prefixes of it (shared prefixes hash alike)."""
@@ -25,7 +25,7 @@ class CorpusSpec:
     geometry: str
     """Label of the geometry, e.g. ``fa64+sw128@16``."""
     builder: str
-    """A synthetic ``KVCacheConfig`` builder of :mod:`conformance.driver`."""
+    """A synthetic ``KVCacheConfig`` builder of :mod:`conformance.harness.driver`."""
     builder_args: tuple[int, ...]
     knob: tuple[tuple[str, Any], ...]
     retention: int | None

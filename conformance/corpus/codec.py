@@ -1,6 +1,6 @@
-"""A :class:`~conformance.trace.Trace` as one JSON object, and back (no vLLM needed).
+"""A :class:`~conformance.protocol.trace.Trace` as one JSON object, and back (no vLLM needed).
 
-The mapping is type-directed: every record dataclass of :mod:`conformance.trace`
+The mapping is type-directed: every record dataclass of :mod:`conformance.protocol.trace`
 becomes an object holding all its fields (defaults included) under their Python
 names, with ``hook`` naming the connector call it records (:data:`HOOKS`).
 Values map as: int, bool, str and null as themselves; tuples as arrays; enums
@@ -20,7 +20,7 @@ from enum import Enum
 from functools import cache
 from typing import Any
 
-from conformance import trace as T
+from conformance.protocol import trace as T
 from reference.plan import Policy
 
 HOOKS: dict[type, str] = {

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from conformance import trace as T
+from conformance.protocol import trace as T
 from reference.geometry import GroupKind
 
 SEMANTICS = Path(__file__).resolve().parents[2] / "docs" / "semantics.md"

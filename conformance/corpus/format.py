@@ -11,7 +11,7 @@ same case is the same bytes):
                     (:class:`reference.plan.Policy`).
 ``covers``          the rules of ``docs/semantics.md`` section 8 the case reaches.
 ``config``          the geometry (``groups``, ``tokens_per_hash``) and the engine
-                    settings the trace ran under (:class:`conformance.trace.TraceConfig`).
+                    settings the trace ran under (:class:`conformance.protocol.trace.TraceConfig`).
 ``hashes``          the block hashes, hex, each once; ``block_hashes`` fields index it.
 ``records``         the hook calls in order, each naming its ``hook``; they carry
                     the inputs and vLLM's answers (``hit_tokens``, ``load``,
@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conformance import trace as T
 from conformance.corpus.codec import (
     HOOKS,
     CorpusFormatError,
@@ -39,6 +38,7 @@ from conformance.corpus.codec import (
     encode_record,
     type_schema,
 )
+from conformance.protocol import trace as T
 from reference.plan import Policy
 
 FORMAT_VERSION = 1

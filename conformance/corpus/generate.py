@@ -15,7 +15,7 @@ from typing import Any
 from conformance.corpus.cases import SPECS, CorpusSpec
 from conformance.corpus.coverage import covers
 from conformance.corpus.format import CorpusCase, dumps_corpus
-from conformance.replay import first_divergence, policy_of, recorded_answers, replay
+from conformance.protocol.replay import first_divergence, policy_of, recorded_answers, replay
 
 HASH_SEED = "0"
 
@@ -25,13 +25,13 @@ class CorpusGenerationError(RuntimeError):
 
 
 def installed_release() -> str:
-    from conformance import vllm_harness_api as V
+    from conformance.harness import vllm_harness_api as V
 
     return V.VLLM_VERSION
 
 
 def _driver(spec: CorpusSpec) -> Any:
-    from conformance import driver as D
+    from conformance.harness import driver as D
     kvc = getattr(D, spec.builder)(*spec.builder_args, num_blocks=spec.num_gpu_blocks)
     return D.VllmDriver.from_kv_cache_config(
         kvc,

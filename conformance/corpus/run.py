@@ -1,19 +1,19 @@
 """Replay corpus cases into a backend and compare with the answers vLLM gave (no vLLM).
 
 Each case's records are fed, in order, to a fresh planner built by the backend
-(:func:`conformance.replay.replay`, with the case's own policy switches); its
+(:func:`conformance.protocol.replay.replay`, with the case's own policy switches); its
 answers -- hit tokens, load jobs, store jobs -- must equal the recorded ones
-(:func:`conformance.replay.recorded_answers`).
+(:func:`conformance.protocol.replay.recorded_answers`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from conformance.backends import Backend
 from conformance.corpus.format import CorpusCase
-from conformance.replay import first_divergence, recorded_answers, replay
-from conformance.trace_format import format_record
+from conformance.protocol.backends import Backend
+from conformance.protocol.replay import first_divergence, recorded_answers, replay
+from conformance.protocol.trace_format import format_record
 
 _TRACE_LINES = 40
 """Trace lines shown before a divergence (the last ones up to its step)."""

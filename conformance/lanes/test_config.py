@@ -5,7 +5,7 @@ For every fixture and knob: where vLLM's ``build_offloading_config`` and
 same values field by field; where vLLM raises a ValueError, so does the
 reference.  For knobs only kvchunk accepts, the kvchunk connector's scheduler
 runs exactly what the reference resolved.  Known disagreements are strict
-xfails from ``conformance/deviations/vllm-<release>.toml`` (the installed release).
+xfails from ``conformance/protocol/deviations/vllm-<release>.toml`` (the installed release).
 The checks are :mod:`conformance.checks.config`'s (the meta lane runs them too).
 """
 
@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from conformance import cases, deviations
+from conformance.harness import cases
+from conformance.protocol import deviations
 from vllm_adapter.names import KVCHUNK_CONNECTOR, KVCHUNK_CONNECTOR_MODULE
 
 pytestmark = [pytest.mark.config]
@@ -25,7 +26,7 @@ from conformance.checks import config as C  # noqa: E402
 
 ConfigCase = cases.Case
 CASES = cases.config_cases()
-"""Every fixture vLLM plans x every knob of :data:`conformance.cases.CONFIG_KNOBS`."""
+"""Every fixture vLLM plans x every knob of :data:`conformance.harness.cases.CONFIG_KNOBS`."""
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)

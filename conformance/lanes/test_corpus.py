@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from conformance import vllm_harness_api as V
-from conformance.backends import Backend
 from conformance.corpus.format import data_path, read_corpus
 from conformance.corpus.generate import HASH_SEED
 from conformance.corpus.run import check_case
-from conformance.replay import reference_planner
+from conformance.harness import vllm_harness_api as V
+from conformance.protocol.backends import Backend
+from conformance.protocol.replay import reference_planner
 
 pytestmark = pytest.mark.plan
 

@@ -4,7 +4,7 @@ Every case runs the real ``Scheduler`` + ``OffloadingConnector`` (or kvchunk's
 ``KvchunkOffloadingConnector``) scheduler role and the connector's worker role
 with ``vllm_adapter.spec.ReferenceOffloadingSpec``: vLLM's ``CPUOffloadingManager``
 decides, vLLM's ``register_kv_caches`` builds the canonical tensors, and the
-copies are :mod:`reference.transfer_fast`'s.  :class:`conformance.kvdata.SyntheticModelRunner`
+copies are :mod:`reference.transfer_fast`'s.  :class:`conformance.harness.kvdata.SyntheticModelRunner`
 writes deterministic bytes for every computed token and checks every load:
 each loaded block must hold the expected bytes of its position in the loading
 request (in every layer of its group), and nothing else in the KV memory may
@@ -27,11 +27,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conformance import cases, spec_option  # noqa: E402
-from conformance import driver as D  # noqa: E402
 from conformance.checks import data as DC  # noqa: E402
-from conformance.fixture_runs import FixtureCase  # noqa: E402
-from conformance.kvdata import DataStats, with_planned_tensors  # noqa: E402
+from conformance.harness import cases, spec_option  # noqa: E402
+from conformance.harness import driver as D  # noqa: E402
+from conformance.harness.fixture_runs import FixtureCase  # noqa: E402
+from conformance.harness.kvdata import DataStats, with_planned_tensors  # noqa: E402
 from vllm_adapter.names import REFERENCE_SPEC  # noqa: E402
 
 # ---------------------------------------------------------------------------
@@ -65,7 +65,7 @@ class SyntheticCase:
     prompt_len: int = 600
     budget: int = 128
     worker_view: str | None = None
-    """A ``conformance.driver`` function giving the workers' view of the resolved config."""
+    """A ``conformance.harness.driver`` function giving the workers' view of the resolved config."""
     layout: str = "LBHNC"
     """The planned tensors' KV-cache layout (``BLHNC``: block-outermost, layers packed per block)."""
 
@@ -182,8 +182,8 @@ def test_null_blocks_in_store_jobs_keep_every_block_where_its_load_reads_it(
     bytes and nothing else may change (the lane's usual checks); on 0.34.0 the
     case must also load from a chunk whose store carried a placeholder.
     """
-    from conformance import vllm_harness_api as V
-    from conformance.versions import rules_for
+    from conformance.harness import vllm_harness_api as V
+    from conformance.protocol.versions import rules_for
     from reference.plan import NullBlockRule
     from vllm_adapter import spec as S
 
@@ -256,7 +256,7 @@ FIXTURES = [
                 block_tokens_base=c.data.block_tokens_base)
     for c in cases.CASES if c.data is not None
 ]
-"""The data lane's rows of :data:`conformance.cases.CASES` (sizes stated there)."""
+"""The data lane's rows of :data:`conformance.harness.cases.CASES` (sizes stated there)."""
 
 
 @pytest.mark.data

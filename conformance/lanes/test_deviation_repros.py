@@ -1,6 +1,6 @@
 """Faults lane: each vLLM deviation's standalone reproduction script still reproduces it.
 
-``conformance/deviations/repro/`` holds one minimal script per suspected vLLM bug of the
+``conformance/protocol/deviations/repro/`` holds one minimal script per suspected vLLM bug of the
 file tier (under 40 lines, CPU only, nothing but vLLM imported), named by the deviation's
 ``script`` key in the installed release's deviations file.  Each script exits 1 and
 prints ``BUG`` while the bug holds, so these tests fail loudly once vLLM fixes it (and
@@ -21,12 +21,12 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conformance import deviations  # noqa: E402
+from conformance.protocol import deviations  # noqa: E402
 
 pytestmark = pytest.mark.faults
 
 ROOT = Path(__file__).resolve().parents[2]
-REPRO = ROOT / "conformance" / "deviations" / "repro"
+REPRO = ROOT / "conformance" / "protocol" / "deviations" / "repro"
 FS_DEVIATIONS = ("fs-tier-no-checksum", "fs-tier-namespace-ignores-kv-geometry")
 
 

@@ -3,7 +3,7 @@
 ``vllm.LLM`` with ``load_format="dummy"`` (random weights, nothing downloaded)
 on the gemma-4 and DeepSeek-V4 architectures from the ``config.json`` dirs in
 ``vllm_adapter/models``, with fewer layers that keep every KV-group kind
-(:data:`conformance.e2e.E2E_CASES`), TP=1, prompts as token ids, prefix
+(:data:`conformance.harness.e2e.E2E_CASES`), TP=1, prompts as token ids, prefix
 caching and the hybrid KV-cache manager on, and
 
 * kvchunk's ``KvchunkOffloadingConnector`` with ``{"block_size": 512}``
@@ -22,7 +22,7 @@ comparison says nothing about offloading: the case xfails with both outputs.
 The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that
 ``vllm_adapter.connector`` imports from this checkout and engine errors
 surface here.  Without CUDA every case skips with
-:data:`conformance.gpu_copy.CUDA_SKIP_REASON`.
+:data:`conformance.harness.gpu_copy.CUDA_SKIP_REASON`.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conformance import e2e as E  # noqa: E402
-from conformance.gpu_copy import cuda_skip_reason, shm_free_bytes  # noqa: E402
+from conformance.harness import e2e as E  # noqa: E402
+from conformance.harness.gpu_copy import cuda_skip_reason, shm_free_bytes  # noqa: E402
 
 CPU_BYTES = 1 << 30
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,7 +97,7 @@ def test_offload_hits_reproduce_cold_greedy_outputs(
     _requirements(case)
     import torch
 
-    from conformance import vllm_harness_api as V
+    from conformance.harness import vllm_harness_api as V
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

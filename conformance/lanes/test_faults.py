@@ -1,13 +1,13 @@
 """Reliability lane: bad configs get clear errors, faults never corrupt a load, nothing leaks.
 
-* Config fuzzing (:func:`conformance.fuzz.check_extra_config`): hypothesis
+* Config fuzzing (:func:`conformance.harness.fuzz.check_extra_config`): hypothesis
   over ``kv_connector_extra_config`` for the kvchunk connector on every stored
   fixture geometry, plus the reference alone on the sub-hash geometry vLLM
   refuses, plus the ``python -m vllm_adapter config`` CLI when it exists.
   Counters: ``config_fuzz_tried``, ``config_fuzz_rejected_cleanly``,
   ``config_fuzz_accepted``, ``config_fuzz_unclean`` (must stay 0).
 * Fault injection through vLLM's real scheduler and the reference worker
-  (:func:`conformance.faults.run_fault_scenario`; what a failed store means
+  (:func:`conformance.harness.faults.run_fault_scenario`; what a failed store means
   in vLLM 0.33.0 is documented there).  Counters ``fault:<type>`` (injected,
   by type), ``faults_corrupted_loads`` / ``faults_corrupted_reads`` /
   ``faults_failed_store_loaded`` / ``faults_leaks`` (must stay 0).
@@ -25,14 +25,14 @@ from typing import Any
 import pytest
 from hypothesis import example, given, settings
 
-from conformance.strategies import SLOW_EXAMPLE_CHECKS
+from conformance.harness.strategies import SLOW_EXAMPLE_CHECKS
 
 pytest.importorskip("vllm")
 
-from conformance import deviations  # noqa: E402
-from conformance import faults as FA  # noqa: E402
-from conformance import fuzz as FZ  # noqa: E402
-from conformance.mutants.worker import install_mutation  # noqa: E402
+from conformance.harness import faults as FA  # noqa: E402
+from conformance.harness import fuzz as FZ  # noqa: E402
+from conformance.meta.mutants.worker import install_mutation  # noqa: E402
+from conformance.protocol import deviations  # noqa: E402
 
 PROFILE = os.environ.get("KVCHUNK_PROFILE", "ci")
 DEEP = PROFILE == "deep"
@@ -303,7 +303,7 @@ def test_load_trace_at_capacity_pressure(fixture: str, record_property: Any) -> 
 
 
 # ---------------------------------------------------------------------------
-# vLLM 0.33.0 bugs the lane found (strict xfails from conformance/deviations/vllm.toml)
+# vLLM 0.33.0 bugs the lane found (strict xfails from conformance/protocol/deviations/vllm.toml)
 # ---------------------------------------------------------------------------
 
 
@@ -318,8 +318,8 @@ def test_vllm_connector_reset_keeps_stale_swa_block_ids(
     request: pytest.FixtureRequest, record_property: Any
 ) -> None:
     """After a connector reset, a running request's store job names only blocks it holds."""
-    from conformance import driver as D
-    from conformance.trace import BuildMeta, RequestSpec
+    from conformance.harness import driver as D
+    from conformance.protocol.trace import BuildMeta, RequestSpec
 
     record_property("fixture", "synthetic-full-swa")
     record_property("knob", "blocks_per_chunk=2, connector reset while running")
@@ -355,8 +355,8 @@ def test_vllm_connector_reset_twice_between_steps(
     request: pytest.FixtureRequest, record_property: Any
 ) -> None:
     """Two connector resets with no step in between: both must be accepted."""
-    from conformance import driver as D
-    from conformance.trace import RequestSpec
+    from conformance.harness import driver as D
+    from conformance.protocol.trace import RequestSpec
 
     record_property("fixture", "synthetic-full")
     record_property("knob", "blocks_per_chunk=2, two connector resets in one step")

@@ -14,13 +14,13 @@ Both get identical store/load jobs, with the GPU side as vLLM's connector worker
 passes it (the ``GPULoadStoreSpec`` on 0.33.0, ``DevicePointers`` resolved over
 the shared canonical tensors on 0.34.0): the jobs vLLM's scheduler dispatched for a
 small workload on the same geometry (recorded on CPU with
-:func:`conformance.gpu_copy.record_jobs`; the GPU KV bytes are re-randomised at every
+:func:`conformance.harness.gpu_copy.record_jobs`; the GPU KV bytes are re-randomised at every
 recorded step), or random jobs over randomised, identical CPU tiers.  After
 each store the written sub-slots must be byte-identical; after each load the
 whole KV memory; at the end every sub-slot of both tiers (and nothing written
-outside this worker's area of the shared region).  See :class:`conformance.gpu_copy.CopyDifferential`.
+outside this worker's area of the shared region).  See :class:`conformance.harness.gpu_copy.CopyDifferential`.
 
-Without CUDA every case skips with :data:`conformance.gpu_copy.CUDA_SKIP_REASON`.
+Without CUDA every case skips with :data:`conformance.harness.gpu_copy.CUDA_SKIP_REASON`.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conformance import gpu_copy as G  # noqa: E402
-from conformance.cases import DSV4, GEMMA  # noqa: E402
-from conformance.fixture_runs import FixtureCase  # noqa: E402
+from conformance.harness import gpu_copy as G  # noqa: E402
+from conformance.harness.cases import DSV4, GEMMA  # noqa: E402
+from conformance.harness.fixture_runs import FixtureCase  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class _Setup:
     def __init__(self, case: CopyCase, seed: int) -> None:
         import torch
 
-        from conformance.kvdata import SyntheticModelRunner
+        from conformance.harness.kvdata import SyntheticModelRunner
         from vllm_adapter.spec import ReferenceOffloadingWorker
 
         self.driver = case.driver()

@@ -1,5 +1,5 @@
 """Plan lane, invariants: properties any correct offloading planner satisfies
-(:mod:`conformance.invariants`), checked on vLLM's recorded answers and on the
+(:mod:`conformance.protocol.invariants`), checked on vLLM's recorded answers and on the
 reference's (its intended rules: ``Policy()``'s switches) for the same traces.
 
 Geometries are drawn: full attention (64 tokens a block) with one sliding-window
@@ -22,13 +22,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance import deviations
-from conformance import invariants as I
-from conformance import trace as T
 from conformance.checks import invariants as CI
-from conformance.replay import chunking_of, recorded_answers, replay
-from conformance.strategies import SLOW_EXAMPLE_CHECKS
-from conformance.workloads import PlanCase, driver_for
+from conformance.harness.strategies import SLOW_EXAMPLE_CHECKS
+from conformance.harness.workloads import PlanCase, driver_for
+from conformance.protocol import deviations
+from conformance.protocol import invariants as I
+from conformance.protocol import trace as T
+from conformance.protocol.replay import chunking_of, recorded_answers, replay
 
 pytestmark = pytest.mark.plan
 

@@ -1,10 +1,10 @@
 """Meta lane: the suite fails when the implementation under test is broken.
 
 The plan lane's comparison runs against deliberately wrong backends
-(``conformance.mutants``) on a fixed set of workloads; each mutant must be
+(``conformance.meta.mutants``) on a fixed set of workloads; each mutant must be
 caught.  Also checks that the harness's helpers report what differed.
 
-The mutation score (:mod:`conformance.mutation`): every vLLM-side mutant
+The mutation score (:mod:`conformance.meta.mutation`): every vLLM-side mutant
 (one-line faults in vLLM's offloading config, scheduler and worker) and every
 rule mutant (one-line faults in the reference's rules) must be caught by an
 assertion of one of the lanes' own checks (:mod:`conformance.checks`; a crash does
@@ -18,11 +18,11 @@ import random
 
 import pytest
 
-from conformance import mutation
-from conformance import trace as T
-from conformance.mutants import MUTANTS
-from conformance.replay import Answer, first_divergence, replay
-from conformance.workloads import PlanCase, driver_for
+from conformance.harness.workloads import PlanCase, driver_for
+from conformance.meta import mutation
+from conformance.meta.mutants import MUTANTS
+from conformance.protocol import trace as T
+from conformance.protocol.replay import Answer, first_divergence, replay
 
 pytestmark = pytest.mark.meta
 

@@ -18,12 +18,13 @@ import os
 import pytest
 from hypothesis import given, settings
 
-from conformance import cases, deviations
-from conformance import trace as T
-from conformance.backends import Backend
 from conformance.checks import plan as P
-from conformance.strategies import SLOW_EXAMPLE_CHECKS
-from conformance.workloads import PlanCase, driver_for, workloads
+from conformance.harness import cases
+from conformance.harness.strategies import SLOW_EXAMPLE_CHECKS
+from conformance.harness.workloads import PlanCase, driver_for, workloads
+from conformance.protocol import deviations
+from conformance.protocol import trace as T
+from conformance.protocol.backends import Backend
 
 pytestmark = pytest.mark.plan
 

@@ -10,7 +10,7 @@ GPU prefix cache and the CPU tier are then reset and the whole CPU region is
 poisoned, so a hit for the same prompts can only be served from files, and
 every file written must be read back (both prompts served from files).  Every
 loaded block must hold its expected bytes and no other byte may change (the
-data lane's :class:`~conformance.kvdata.SyntheticModelRunner` checks); the
+data lane's :class:`~conformance.harness.kvdata.SyntheticModelRunner` checks); the
 files written and read, per group, and their sizes go to the report.
 
 ``--spec module:Class`` (a ``TieringOffloadingSpec``; kvchunk's
@@ -27,13 +27,13 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conformance import safe_fs_faults as SF  # noqa: E402
-from conformance import tiered as T  # noqa: E402
-from conformance.fixture_runs import FixtureCase  # noqa: E402
+from conformance.harness import safe_fs_faults as SF  # noqa: E402
+from conformance.harness import tiered as T  # noqa: E402
+from conformance.harness.fixture_runs import FixtureCase  # noqa: E402
 
 pytestmark = pytest.mark.data
 
-from conformance.cases import DSV4, GEMMA  # noqa: E402
+from conformance.harness.cases import DSV4, GEMMA  # noqa: E402
 
 CASES = [
     # gemma (0.34.0: 64-token SWA and 128-token full blocks): 11 keys per 600-token prompt

@@ -19,7 +19,7 @@ refused: capacity effects are not part of this comparison.
 
 The predicted-versus-written table goes to the report (``econ:`` properties).
 A disagreement is a finding: a deviation with its smallest case in
-``conformance/deviations/``, or a fix to the reference.
+``conformance/protocol/deviations/``, or a fix to the reference.
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conformance import deviations  # noqa: E402
-from conformance import tiered as T  # noqa: E402
-from conformance import vllm_harness_api as V  # noqa: E402
-from conformance.cases import DSV4, GEMMA  # noqa: E402
-from conformance.fixture_runs import FixtureCase  # noqa: E402
-from conformance.versions import rules_for  # noqa: E402
+from conformance.harness import tiered as T  # noqa: E402
+from conformance.harness import vllm_harness_api as V  # noqa: E402
+from conformance.harness.cases import DSV4, GEMMA  # noqa: E402
+from conformance.harness.fixture_runs import FixtureCase  # noqa: E402
+from conformance.protocol import deviations  # noqa: E402
+from conformance.protocol.versions import rules_for  # noqa: E402
 from reference.economics import serve  # noqa: E402
 from reference.workload import GpuCache, Span, Workload, WorkloadRequest, requests  # noqa: E402
 
@@ -176,7 +176,7 @@ def test_predicted_files_are_the_files_written(
 
 
 def _with_retention(case: EconomicsCase, root: Path) -> Any:
-    from conformance.fixture_runs import fixture_driver
+    from conformance.harness.fixture_runs import fixture_driver
     from vllm_adapter.names import connector_module
 
     base = case.base

@@ -3,7 +3,7 @@
 :mod:`vllm_adapter.tiering` (vLLM's ``TieringOffloadingSpec`` + fs tier, the reference
 worker for GPU <-> CPU) on a small synthetic full-attention model (16-token blocks,
 ``blocks_per_chunk`` 2, 8 CPU chunks: two 200-token prompts store 12). The round trip of
-:func:`conformance.tiered.run_round_trip` stores two prompts, resets the GPU prefix
+:func:`conformance.harness.tiered.run_round_trip` stores two prompts, resets the GPU prefix
 cache and the CPU tier, poisons the CPU region and asks again, with a fault in between.
 Whatever the fault, a load must fail cleanly and its tokens be recomputed -- never
 served wrong (the data lane's byte checks), and the engine must not crash. Full disk is
@@ -14,7 +14,7 @@ directory must be (the lane runs as root, so permission bits would not stop a wr
 Every case runs on two file tiers (``tier``): ``vllm``, vLLM's own (its known deviations
 ``fs-tier-no-checksum`` and ``fs-tier-namespace-ignores-kv-geometry`` are strict xfails),
 and ``kvchunk``, :mod:`vllm_adapter.safe_fs` (checksummed, geometry-namespaced, atomic
-chunk files; :mod:`conformance.safe_fs_faults`), which must pass all of them: on top,
+chunk files; :mod:`conformance.harness.safe_fs_faults`), which must pass all of them: on top,
 a damaged file must fail its load, be removed, and a third request must be served from
 the rewritten file without a failure.  kvchunk's tier also runs a writer process killed
 mid-write, two engines sharing one root, and gemma-4 / DeepSeek-V4 through kvchunk's
@@ -45,13 +45,14 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conformance import deviations, spec_option  # noqa: E402
-from conformance import driver as D  # noqa: E402
-from conformance import safe_fs_faults as SF  # noqa: E402
-from conformance import tiered as T  # noqa: E402
-from conformance.cases import DSV4, GEMMA  # noqa: E402
-from conformance.fixture_runs import FixtureCase  # noqa: E402
-from conformance.trace import RequestSpec  # noqa: E402
+from conformance.harness import driver as D  # noqa: E402
+from conformance.harness import safe_fs_faults as SF  # noqa: E402
+from conformance.harness import spec_option  # noqa: E402
+from conformance.harness import tiered as T  # noqa: E402
+from conformance.harness.cases import DSV4, GEMMA  # noqa: E402
+from conformance.harness.fixture_runs import FixtureCase  # noqa: E402
+from conformance.protocol import deviations
+from conformance.protocol.trace import RequestSpec  # noqa: E402
 from vllm_adapter import safe_fs as S  # noqa: E402
 
 pytestmark = pytest.mark.faults
@@ -112,7 +113,7 @@ def _round_trip(
     after: Callable[[Any], None] | None = None,
 ) -> T.RoundTrip:
     """The round trip on a fresh engine; ``opened`` runs once the engine (and its fs tier's
-    directory) exists, ``between`` after the reset (:func:`conformance.tiered.run_round_trip`),
+    directory) exists, ``between`` after the reset (:func:`conformance.harness.tiered.run_round_trip`),
     ``after`` (with the session) once the round trip is done, before the engine stops."""
     session, runner = T.open_session(_driver(root, tier=tier), 128)
     try:

@@ -1,9 +1,9 @@
-"""What changed between vLLM releases: each :data:`conformance.versions.CHANGES` case, measured.
+"""What changed between vLLM releases: each :data:`conformance.protocol.versions.CHANGES` case, measured.
 
 Every case runs its minimal workload through the installed vLLM's real
 scheduler and connector and records vLLM's answer.  Three things must hold:
 
-* the installed release's rules (``conformance.versions.rules_for``) replay the
+* the installed release's rules (``conformance.protocol.versions.rules_for``) replay the
   trace exactly (the plan lane's comparison, on this one trace);
 * the case *separates* the releases' rules: replaying the same trace under the
   other release's switch gives a different answer (so the case is minimal and
@@ -22,11 +22,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conformance import driver as D  # noqa: E402
-from conformance import trace as T  # noqa: E402
-from conformance import vllm_harness_api as V  # noqa: E402
-from conformance.replay import Answer, first_divergence, recorded_answers, replay  # noqa: E402
-from conformance.versions import CHANGES, RELEASES, rules_for, rules_line  # noqa: E402
+from conformance.harness import driver as D  # noqa: E402
+from conformance.harness import vllm_harness_api as V  # noqa: E402
+from conformance.protocol import trace as T  # noqa: E402
+from conformance.protocol.replay import Answer, first_divergence, recorded_answers, replay  # noqa: E402
+from conformance.protocol.versions import CHANGES, RELEASES, rules_for, rules_line  # noqa: E402
 from reference.plan import LastTokenRule, NullBlockRule, Planner, Policy, WindowRule  # noqa: E402
 
 pytestmark = pytest.mark.versions
@@ -176,7 +176,7 @@ BEHAVIOUR: dict[str, dict[str, str]] = {
     "connector-reset-twice": {"0.33.0": "raises", "0.34.0": "succeeds"},
 }
 """Changes no policy switch replays (the worker or the reset path itself differs): what
-each release does, as :data:`conformance.versions.CHANGES` states it."""
+each release does, as :data:`conformance.protocol.versions.CHANGES` states it."""
 
 
 def _as_stated(change_id: str, observed: str) -> bool:
@@ -203,7 +203,7 @@ def test_every_change_has_a_case() -> None:
     rules = rules_for(V.VLLM_VERSION)
     assert rules.release in RELEASES, rules
     assert rules.known or rules.release in (rules_line(V.VLLM_VERSION) or ""), (
-        f"vLLM {V.VLLM_VERSION} has no row in conformance.versions.RELEASES "
+        f"vLLM {V.VLLM_VERSION} has no row in conformance.protocol.versions.RELEASES "
         f"(known: {sorted(RELEASES)}) and the run does not say whose rules it uses"
     )
 
