@@ -23,7 +23,7 @@ import nox
 
 nox.options.default_venv_backend = "uv"
 nox.options.reuse_venv = "yes"
-nox.options.sessions = ["lint", "tests", "conformance", "serve_install"]
+nox.options.sessions = ["lint", "corpus_replay", "tests", "conformance", "serve_install"]
 
 PYTHON = "3.11"
 ROOT = Path(__file__).resolve().parent
@@ -111,6 +111,28 @@ def corpus(session: nox.Session, vllm: str) -> None:
     _install(session, vllm)
     session.run("python", "-m", "conformance.corpus", *(session.posargs or ["generate"]),
                 env=_env(vllm))
+
+
+@nox.session(python=PYTHON)
+def corpus_replay(session: nox.Session) -> None:
+    """A backend author's install, ``.[dev]`` alone, no vLLM: the reference passes the corpus.
+
+    Proves the golden corpus needs nothing but ``reference/`` and the backend: the session
+    fails if vLLM is importable, then replays every case into the reference and runs the
+    corpus tests that need no vLLM.
+    """
+    _install(session, VLLM_VERSIONS[-1], extras="dev")
+    session.run("python", "-c", NO_VLLM_CHECK)
+    env = {"KVCHUNK_PROFILE": os.environ.get("KVCHUNK_PROFILE", "ci"), "PYTHONDONTWRITEBYTECODE": ""}
+    session.run("python", "-m", "conformance.corpus", "replay", "--backend", "reference", env=env)
+    session.run("pytest", "tests/test_corpus.py", *session.posargs, env=env)
+
+
+NO_VLLM_CHECK = (
+    "import importlib.util, sys; "
+    "sys.exit('corpus_replay: vllm is importable; this session must run without it' "
+    "if importlib.util.find_spec('vllm') else 0)"
+)
 
 
 @nox.session(python=PYTHON)

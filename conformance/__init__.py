@@ -6,7 +6,8 @@ Run it with ``nox -s conformance`` (or ``python -m conformance``).  Layout:
   text format, replay into a backend, the invariants, the per-release rules
   (``versions``), the backends, and the recorded deviations with their repro scripts;
 - :mod:`conformance.harness`: how vLLM's real path is driven: the driver, the synthetic
-  model runner and byte check (``kvdata``), file tiers and their faults, the GPU copy
+  model runner and byte check (``kvdata``; its byte pattern ``kv_pattern``, KV memory
+  ``kv_memory``, stats ``kv_stats``), file tiers and their faults, the GPU copy
   differential, e2e configurations, and the case tables and strategies the lanes draw;
 - :mod:`conformance.checks`: the checks, one function each, shared by the lanes and the
   meta lane;

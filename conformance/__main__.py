@@ -94,6 +94,14 @@ def what_changed(answers: dict[str, dict[str, str]]) -> str:
     )
 
 
+def _write_whole(path: Path, text: str) -> None:
+    """Write ``path`` by rename, so a run of another release (CI runs them side by side)
+    reading it sees the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def main(argv: list[str]) -> int:
     REPORTS.mkdir(exist_ok=True)
     version = _vllm_version()
@@ -128,10 +136,11 @@ def main(argv: list[str]) -> int:
     )
     per_version = REPORTS / f"conformance-{version}.md"
     text = plugin.write(per_version, header) + _deviations_section()
-    per_version.write_text(text)
+    _write_whole(per_version, text)
     if plugin.version_answers:
-        (REPORTS / f"versions-{version}.json").write_text(
-            json.dumps(plugin.version_answers, indent=2, sort_keys=True) + "\n"
+        _write_whole(
+            REPORTS / f"versions-{version}.json",
+            json.dumps(plugin.version_answers, indent=2, sort_keys=True) + "\n",
         )
     answers = {
         p.stem.removeprefix("versions-"): json.loads(p.read_text())
@@ -148,7 +157,7 @@ def main(argv: list[str]) -> int:
         + "\n"
         + newest_text.replace("# kvchunk conformance report", f"# vLLM {newest}", 1)
     )
-    (REPORTS / "conformance.md").write_text(combined)
+    _write_whole(REPORTS / "conformance.md", combined)
     print("\n" + text)
     return int(code)
 

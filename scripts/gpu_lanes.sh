@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Run kvchunk's two CUDA-only conformance lanes (gpu_copy, e2e) on a GPU machine.
+# Run kvchunk's three CUDA-only conformance lanes (gpu_copy, e2e, vllm_spec) on a GPU machine.
 #
 #   bash scripts/gpu_lanes.sh            # from the repo root; reports go to $OUT
 #   bash scripts/gpu_lanes.sh --dry-run  # print each lane's command and timeout; run nothing
 #
-# It is `python -m conformance --require-cuda -m "gpu_copy or e2e"`, split into one
-# run per lane so that each lane has its own timeout (a slow engine start cannot
-# starve the copy lane).  --require-cuda makes a run without CUDA fail at start
-# with one line instead of skipping every case.  docs/gpu-ci.md is the CI recipe
-# around this script (tests/test_gpu_ci.py checks that the two agree).
+# gpu_copy and e2e are `python -m conformance --require-cuda -m "gpu_copy or e2e"`,
+# split into one run per lane so that each lane has its own timeout (a slow engine
+# start cannot starve the copy lane).  vllm_spec runs the byte lanes (data, tiered,
+# tiered_faults) with `--spec` set to vLLM's own TieringOffloadingSpec, whose worker
+# needs CUDA (without it those cases skip with the reason).  --require-cuda makes a
+# run without CUDA fail at start with one line instead of skipping every case.
+# docs/gpu-ci.md is the CI recipe around this script (tests/test_gpu_ci.py checks
+# that the two agree).
 #
 # Environment (all optional):
 #   OUT                 where reports go (default: reports/gpu)
@@ -16,6 +19,7 @@
 #   KVCHUNK_WHEELS      folder of carried wheels to install first (default: .whl)
 #   GPU_COPY_TIMEOUT    seconds for the gpu_copy lane (default: 200)
 #   E2E_TIMEOUT         seconds for the e2e lane (default: 360)
+#   VLLM_SPEC_TIMEOUT   seconds for the vllm_spec lane (default: 600)
 #   KVCHUNK_GPU_LANES_ANYWAY=1  run the lanes even without CUDA (no --require-cuda:
 #                       they then skip; for checking this script on a CPU machine)
 #   KVCHUNK_VLLM_RULES  a known release whose rules a dev/rc/post vLLM build runs
@@ -40,10 +44,12 @@
 # (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the lane), so
 # kv_connector_module_path=vllm_adapter.connector resolves to this checkout.
 #
-# Files written to $OUT (at most 6, the device tool returns 8):
+# Files written to $OUT (at most 7, the device tool returns 8):
 #   env.txt        GPU, python, torch/vllm versions, /dev/shm space
 #   gpu_lanes.md   what ran, exit codes, or why nothing ran
-#   <lane>.log     pytest output of the lane;  <lane>.md  its conformance table
+#   <lane>.log     pytest output of the lane (all three lanes)
+#   <lane>.md      its conformance table (gpu_copy and e2e only: vllm_spec runs
+#                  plain pytest, which writes no report)
 
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -51,7 +57,9 @@ ROOT=$PWD
 OUT=${OUT:-$ROOT/reports/gpu}
 PY=${PYTHON:-python3}
 WHEELS=${KVCHUNK_WHEELS:-.whl}
-LANES="gpu_copy e2e"
+LANES="gpu_copy e2e vllm_spec"
+VLLM_SPEC=vllm.v1.kv_offload.tiering.spec:TieringOffloadingSpec
+BYTE_LANES="conformance/lanes/test_data.py conformance/lanes/test_tiered.py conformance/lanes/test_tiered_faults.py"
 REQUIRE_CUDA=--require-cuda
 [ -n "${KVCHUNK_GPU_LANES_ANYWAY:-}" ] && REQUIRE_CUDA=""
 
@@ -59,11 +67,15 @@ lane_limit() {  # seconds each lane may take
     case $1 in
         gpu_copy) echo "${GPU_COPY_TIMEOUT:-200}" ;;
         e2e) echo "${E2E_TIMEOUT:-360}" ;;
+        vllm_spec) echo "${VLLM_SPEC_TIMEOUT:-600}" ;;
     esac
 }
 
 lane_command() {  # the one command that runs a lane
-    echo "$PY -m conformance${REQUIRE_CUDA:+ $REQUIRE_CUDA} -m $1"
+    case $1 in
+        vllm_spec) echo "$PY -m pytest -p conformance.plugin${REQUIRE_CUDA:+ $REQUIRE_CUDA} --spec $VLLM_SPEC $BYTE_LANES" ;;
+        *) echo "$PY -m conformance${REQUIRE_CUDA:+ $REQUIRE_CUDA} -m $1" ;;
+    esac
 }
 
 case "${1:-}" in
@@ -123,7 +135,8 @@ for lane in $LANES; do
     # shellcheck disable=SC2046  # the command is words by design (lane_command)
     timeout -k 15 "$limit" $(lane_command "$lane") >"$OUT/$lane.log" 2>&1
     rc=$?
-    [ reports/conformance.md -nt "$stamp" ] && cp reports/conformance.md "$OUT/$lane.md"
+    # only `python -m conformance` writes the report; vllm_spec (plain pytest) keeps its log only
+    [ "$lane" != vllm_spec ] && [ reports/conformance.md -nt "$stamp" ] && cp reports/conformance.md "$OUT/$lane.md"
     rm -f "$stamp"
     note=""
     [ "$rc" = 124 ] || [ "$rc" = 137 ] && note=" (timed out after ${limit}s)"

@@ -18,6 +18,20 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_lanes.sh"
 DOC = ROOT / "docs" / "gpu-ci.md"
 DRY_RUN_LINE = re.compile(r"lane (\w+): timeout (\d+) s: (.+)")
+VLLM_SPEC = "vllm.v1.kv_offload.tiering.spec:TieringOffloadingSpec"
+BYTE_LANES = ("test_data.py", "test_tiered.py", "test_tiered_faults.py")
+
+
+def _expected_commands(python: str, require_cuda: str = " --require-cuda") -> dict[str, str]:
+    """What each lane must run: the CUDA lanes by marker through ``python -m conformance``, and
+    the byte lanes with vLLM's own tiering spec through pytest with the conformance plugin."""
+    byte_lanes = " ".join(f"conformance/lanes/{name}" for name in BYTE_LANES)
+    return {
+        "gpu_copy": f"{python} -m conformance{require_cuda} -m gpu_copy",
+        "e2e": f"{python} -m conformance{require_cuda} -m e2e",
+        "vllm_spec": f"{python} -m pytest -p conformance.plugin{require_cuda} "
+        f"--spec {VLLM_SPEC} {byte_lanes}",
+    }
 
 
 def _dry_run(**env: str) -> str:
@@ -46,25 +60,37 @@ def _yaml_blocks(text: str) -> list[object]:
 def test_dry_run_lists_the_cuda_lanes_with_require_cuda_and_runs_nothing(tmp_path: Path) -> None:
     out = tmp_path / "out"
     lanes = _lanes(_dry_run(OUT=str(out), PYTHON="python3"))
-    assert sorted(lanes) == ["e2e", "gpu_copy"]
-    for lane, (limit, command) in lanes.items():
-        assert limit > 0
-        assert command == f"python3 -m conformance --require-cuda -m {lane}"
+    assert {lane: command for lane, (_, command) in lanes.items()} == _expected_commands("python3")
+    assert all(limit > 0 for limit, _ in lanes.values()), lanes
     assert not out.exists(), "a dry run must write nothing"
 
 
+def test_the_vllm_spec_lane_names_vllm_s_own_tiering_spec_and_the_byte_lane_files() -> None:
+    from conformance.harness.spec_option import SpecUnderTest
+
+    spec = SpecUnderTest.parse(VLLM_SPEC)
+    assert spec.is_tiering, "the tiered lanes skip a spec without a file tier"
+    assert spec.uses_vllm_worker, "the lane is there to run vLLM's own worker, not kvchunk's"
+    assert all((ROOT / "conformance" / "lanes" / name).is_file() for name in BYTE_LANES)
+
+
 def test_dry_run_follows_the_timeouts_and_the_anyway_switch() -> None:
-    lanes = _lanes(_dry_run(GPU_COPY_TIMEOUT="7", E2E_TIMEOUT="9", PYTHON="py"))
+    timeouts = {"GPU_COPY_TIMEOUT": "7", "E2E_TIMEOUT": "9", "VLLM_SPEC_TIMEOUT": "11"}
+    lanes = _lanes(_dry_run(**timeouts, PYTHON="py"))
+    commands = _expected_commands("py")
     assert lanes == {
-        "gpu_copy": (7, "py -m conformance --require-cuda -m gpu_copy"),
-        "e2e": (9, "py -m conformance --require-cuda -m e2e"),
+        "gpu_copy": (7, commands["gpu_copy"]),
+        "e2e": (9, commands["e2e"]),
+        "vllm_spec": (11, commands["vllm_spec"]),
     }
     proc = subprocess.run(
         ["bash", str(SCRIPT), "--dry-run"],
         capture_output=True, text=True, timeout=60,
         env={**os.environ, "KVCHUNK_GPU_LANES_ANYWAY": "1", "PYTHON": "py"},
     )
-    assert "--require-cuda" not in proc.stdout and "-m e2e" in proc.stdout, proc.stdout
+    assert proc.returncode == 0, proc.stderr
+    anyway = {lane: command for lane, (_, command) in _lanes(proc.stdout).items()}
+    assert anyway == _expected_commands("py", require_cuda=""), proc.stdout
 
 
 def test_the_doc_shows_the_dry_run_and_estimates_every_lane() -> None:
@@ -128,3 +154,17 @@ def test_require_cuda_fails_at_start_with_one_line(entry: list[str], tmp_path: P
     ], out[-3000:]
     assert not re.search(r"\d+ (passed|skipped)", out), out[-3000:]
     assert list(tmp_path.iterdir()) == [], "a usage error writes no report"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
+def test_the_vllm_spec_lane_fails_at_start_without_cuda(tmp_path: Path) -> None:
+    command = _lanes(_dry_run(PYTHON=sys.executable))["vllm_spec"][1]
+    proc = subprocess.run(
+        [*command.split(), "-p", "no:cacheprovider"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "KVCHUNK_REPORTS_DIR": str(tmp_path)},
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, out[-3000:]
+    assert [line for line in out.splitlines() if line.startswith("ERROR: --require-cuda")], out
+    assert not re.search(r"\d+ (passed|skipped|failed)", out), out[-3000:]

@@ -392,8 +392,9 @@ def test_planner_lookup_equals_rules(chunking: Chunking, n: int, data: st.DataOb
 def test_two_eagle_groups_each_peek_at_the_hit_end() -> None:
     """Two EAGLE groups: the second shrinks the hit to 128; the first must then show its
     peek past 128 (chunk 4), which is missing, so nothing hits.  vLLM's incremental loop
-    answers 128 here: a group that peeked at a larger end is not asked again (no recorded
-    case has two EAGLE groups; the peek guards the hit's end, so the rules' 0 is intended)."""
+    answers 128 here: a group that peeked at a larger end is not asked again (the peek
+    guards the hit's end, so the rules' 0 is intended; recorded through vLLM as deviation
+    ``eagle-peek-skipped-after-another-eagle-group-shrinks-the-hit``)."""
     geometry = Geometry(
         groups=(
             KVGroup(0, SW, 8, sliding_window=1, is_eagle=True),

@@ -23,7 +23,7 @@ pytest.importorskip("vllm")
 from emulated_worker import EmulatedVllmWorker  # noqa: E402
 
 from conformance.harness import driver as D  # noqa: E402
-from conformance.harness import kvdata  # noqa: E402
+from conformance.harness import kv_memory, kv_pattern, kvdata  # noqa: E402
 from conformance.harness import vllm_harness_api as V  # noqa: E402
 from conformance.protocol.trace import RequestSpec  # noqa: E402
 from reference.transfer import TensorRef  # noqa: E402
@@ -436,23 +436,23 @@ def test_model_runner_session_refuses_faults() -> None:
 
 
 def test_expected_bytes_depend_on_layer_position_and_prefix_only() -> None:
-    h = kvdata.prefix_hashes([5, 6, 7, 8])
-    assert h == kvdata.prefix_hashes([5, 6, 7, 8, 9])[:5]
+    h = kv_pattern.prefix_hashes([5, 6, 7, 8])
+    assert h == kv_pattern.prefix_hashes([5, 6, 7, 8, 9])[:5]
     assert (
-        kvdata.prefix_hashes([5, 6, 7, 9])[3] == h[3]
-        and kvdata.prefix_hashes([5, 6, 7, 9])[4] != h[4]
+        kv_pattern.prefix_hashes([5, 6, 7, 9])[3] == h[3]
+        and kv_pattern.prefix_hashes([5, 6, 7, 9])[4] != h[4]
     )
-    a = kvdata.expected_bytes("L0", 3, h[4], 100)
+    a = kv_pattern.expected_bytes("L0", 3, h[4], 100)
     assert a.dtype == torch.uint8 and a.shape == (100,)
-    assert torch.equal(a, kvdata.expected_bytes("L0", 3, h[4], 100))
+    assert torch.equal(a, kv_pattern.expected_bytes("L0", 3, h[4], 100))
     for other in (
-        kvdata.expected_bytes("L1", 3, h[4], 100),
-        kvdata.expected_bytes("L0", 2, h[4], 100),
-        kvdata.expected_bytes("L0", 3, h[3], 100),
+        kv_pattern.expected_bytes("L1", 3, h[4], 100),
+        kv_pattern.expected_bytes("L0", 2, h[4], 100),
+        kv_pattern.expected_bytes("L0", 3, h[3], 100),
     ):
         # Different seeds differ in every aligned 8-byte word.
         assert bool((a[:96].view(-1, 8) != other[:96].view(-1, 8)).any(dim=1).all())
-    rows = kvdata.expected_rows("L0", [3, 2], [h[4], h[4]], 100)
+    rows = kv_pattern.expected_rows("L0", [3, 2], [h[4], h[4]], 100)
     assert torch.equal(rows[0], a)
 
 
@@ -461,7 +461,7 @@ def test_runner_places_layers_where_vllm_puts_them() -> None:
     driver = D.VllmDriver.from_kv_cache_config(
         D.full_swa_kv_cache_config(num_blocks=16), extra_config=SPEC, num_gpu_blocks=16
     )
-    planned = kvdata.with_planned_tensors(driver.kv_cache_config, driver.vllm_config)
+    planned = kv_memory.with_planned_tensors(driver.kv_cache_config, driver.vllm_config)
     runner = kvdata.SyntheticModelRunner(planned, driver.vllm_config)
     assert set(runner.layers) == set(runner.kv_caches)
     for name, layer in runner.layers.items():

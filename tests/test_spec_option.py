@@ -119,6 +119,34 @@ def _outcome(output: str) -> str:
     return lines[-1]
 
 
+@pytest.mark.parametrize("num_cpu_chunks", [3, 16])
+def test_vllm_tiering_spec_gets_the_lanes_cpu_tier_size_in_bytes(num_cpu_chunks: int) -> None:
+    """vLLM's ``TieringOffloadingSpec`` ignores ``num_cpu_chunks``: under ``--spec`` the
+    tiered lanes' CPU tier must reach it in bytes, and vLLM's own spec (built here on CPU:
+    its constructor needs no GPU) must then hold exactly the lane's chunk count."""
+    pytest.importorskip("vllm")
+    from conformance.harness import driver as D
+    from conformance.harness import vllm_harness_api as V
+    from conformance.harness.spec_option import tiered_entries
+    from conformance.harness.tiered import tiering_spec
+
+    spec = SpecUnderTest.parse(VLLM_TIERING)
+    assert not spec.takes_chunk_count
+    assert SpecUnderTest.parse(KVCHUNK_TIERING).takes_chunk_count
+    extra = {**tiered_entries(tiering_spec(Path("/nonexistent")), spec), "blocks_per_chunk": 2}
+    assert "cpu_bytes_to_use" not in extra
+    kvc = D.full_attention_kv_cache_config(block_size=16, num_blocks=64)
+    vllm_config, resolved = D.build_vllm_config(
+        kvc, extra_config=extra, num_cpu_chunks=num_cpu_chunks
+    )
+    built = V.TieringOffloadingSpec(V.build_offloading_config(vllm_config, resolved))
+    assert built.num_chunks == num_cpu_chunks, (
+        f"vLLM's TieringOffloadingSpec got {built.num_chunks} CPU chunks, the lane asked for "
+        f"{num_cpu_chunks} (cpu_bytes_to_use "
+        f"{vllm_config.kv_transfer_config.kv_connector_extra_config['cpu_bytes_to_use']})"
+    )
+
+
 def test_vllm_tiering_spec_on_the_tiered_lane_skips_with_the_cuda_reason() -> None:
     """vLLM's ``TieringOffloadingSpec`` with its fs tier: its worker is vLLM's CUDA-only one."""
     import torch

@@ -11,7 +11,8 @@ import random
 from typing import TYPE_CHECKING
 
 from conformance.checks import expect
-from conformance.harness.kvdata import DataStats, SyntheticModelRunner
+from conformance.harness.kv_stats import DataStats
+from conformance.harness.kvdata import SyntheticModelRunner
 from conformance.protocol.trace import RequestSpec
 
 if TYPE_CHECKING:

@@ -40,7 +40,7 @@ def fixture_driver(
     dense), set where the engine resolves it; ``"fixture"`` keeps the fixture's.
     """
     from conformance.harness import driver as D
-    from conformance.harness.kvdata import shrink_kv_cache_config
+    from conformance.harness.kv_memory import shrink_kv_cache_config
     from vllm_adapter import fixtures as fx
 
     data = fx.load_fixture(name)

@@ -14,19 +14,19 @@ GPU model runner's part for :class:`conformance.harness.driver.DriverSession`
 * **The forward pass** (``execute_model``, after ``start_load_kv``): for every
   scheduled request and every KV-cache group, each block touched by the tokens
   computed this step gets, in every layer of the group, the bytes
-  :func:`expected_bytes` ``(layer, i, H(tokens[:min((i + 1) * tpb, computed)]))``
-  where ``i`` is the block's position in the request.  Mamba groups (one state,
-  not per-token KV) write only the block holding the last computed token.  A
-  complete block thus holds ``f(layer, position, hash of the prefix up to its
-  end)``: equal prefixes give equal bytes, and a block from another layer,
-  position or prefix -- or one never written -- differs in every 8-byte word.
+  :func:`~conformance.harness.kv_pattern.expected_bytes` ``(layer, i,
+  H(tokens[:min((i + 1) * tpb, computed)]))`` where ``i`` is the block's
+  position in the request (the pattern and why it tells blocks apart:
+  :mod:`conformance.harness.kv_pattern`).  Mamba groups (one state, not
+  per-token KV) write only the block holding the last computed token.
 * **Load checks** (``before_start_load_kv`` / ``execute_model``): before the
   step's loads run, every destination block of every load job is poisoned in
   every layer of its group (so a load that writes nothing cannot pass), and the
   whole KV memory is snapshotted.  After them, each loaded block must hold the
   expected bytes of its position in the loading request, in every layer of its
   group, and no byte outside the loaded rows of the canonical tensors may have
-  changed.  Results accumulate in :attr:`SyntheticModelRunner.stats`.
+  changed.  Results accumulate in :attr:`SyntheticModelRunner.stats`
+  (:class:`~conformance.harness.kv_stats.DataStats`).
 
 Only the bytes ``[0, unpadded page)`` of each layer's block are written and
 checked; padding is vLLM's and is never compared.
@@ -34,266 +34,19 @@ checked; padding is vLLM's and is never compared.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from conformance.harness import vllm_harness_api as V
+from conformance.harness.kv_memory import LayerPages, flat_bytes, layer_specs, unpadded_page_bytes
+from conformance.harness.kv_pattern import prefix_hashes
+from conformance.harness.kv_stats import DataStats
 
-__all__ = [
-    "DataStats",
-    "LayerPages",
-    "SyntheticModelRunner",
-    "block_seed",
-    "expected_bytes",
-    "expected_rows",
-    "expected_words",
-    "prefix_hashes",
-    "shrink_kv_cache_config",
-    "with_planned_tensors",
-]
+__all__ = ["SyntheticModelRunner"]
 
-_MASK64 = (1 << 64) - 1
-_PATTERN_SEED = 0x6B76_6368_756E_6B21  # "kvchunk!"
 _POISON_BYTE = 0xA5
-
-
-# ---------------------------------------------------------------------------
-# The synthetic contents
-# ---------------------------------------------------------------------------
-
-
-def _mix64(x: int) -> int:
-    """splitmix64's finaliser."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def prefix_hashes(tokens: Sequence[int], into: list[int] | None = None) -> list[int]:
-    """``out[k]`` = 64-bit hash of ``tokens[:k]`` for ``k = 0 .. len(tokens)``.
-
-    A hash chain, so equal prefixes hash equal.  With ``into`` (a previous
-    result for a prefix of ``tokens``) only the new tokens are hashed.
-    """
-    out = into if into is not None else [0]
-    for tok in tokens[len(out) - 1 :]:
-        out.append(_mix64(out[-1] ^ (int(tok) * 0x100000001B3 & _MASK64)))
-    return out
-
-
-def block_seed(layer: str, block_index: int, prefix_hash: int) -> bytes:
-    """8 bytes naming (layer, block position, prefix hash)."""
-    key = f"{layer}\0{block_index}\0{prefix_hash}".encode()
-    return hashlib.blake2b(key, digest_size=8).digest()
-
-
-_PATTERN_WORDS = 1 << 17  # 1 MiB of pattern, repeated for longer pages
-_pattern_cache: dict[str, torch.Tensor] = {}
-
-
-def _pattern_words(nwords: int, device: torch.device) -> torch.Tensor:
-    """int64 ``[nwords]``: fixed pseudo-random words, the same for every layer and block."""
-    have = _pattern_cache.get(str(device))
-    if have is None:
-        gen = torch.Generator().manual_seed(_PATTERN_SEED)
-        base = torch.randint(0, 256, (_PATTERN_WORDS * 8,), generator=gen, dtype=torch.uint8)
-        have = base.view(torch.int64).to(device)
-        _pattern_cache[str(device)] = have
-    if nwords <= have.numel():
-        return have[:nwords]
-    return have.repeat(-(-nwords // have.numel()))[:nwords]
-
-
-def expected_words(
-    layer: str,
-    block_indices: Sequence[int],
-    hashes: Sequence[int],
-    nwords: int,
-    device: torch.device | str = "cpu",
-) -> torch.Tensor:
-    """int64 ``[n, nwords]``: the pattern XOR each row's 8-byte :func:`block_seed`."""
-    device = torch.device(device)
-    seeds = b"".join(block_seed(layer, i, h) for i, h in zip(block_indices, hashes, strict=True))
-    seed = torch.frombuffer(bytearray(seeds), dtype=torch.int64).to(device)
-    return _pattern_words(nwords, device).unsqueeze(0) ^ seed.unsqueeze(1)
-
-
-def expected_rows(
-    layer: str,
-    block_indices: Sequence[int],
-    hashes: Sequence[int],
-    nbytes: int,
-    device: torch.device | str = "cpu",
-) -> torch.Tensor:
-    """``[n, nbytes]`` uint8: row ``k`` is :func:`expected_bytes` of ``(layer, block_indices[k], hashes[k])``."""
-    words = expected_words(layer, block_indices, hashes, -(-nbytes // 8), device)
-    return words.view(torch.uint8)[:, :nbytes]
-
-
-def expected_bytes(
-    layer: str, block_index: int, prefix_hash: int, nbytes: int, device: torch.device | str = "cpu"
-) -> torch.Tensor:
-    """The ``nbytes`` bytes the runner writes into ``layer``'s block at position ``block_index``
-    when the request's tokens up to that block's end (or up to the last computed
-    token, for a block still filling) hash to ``prefix_hash`` (:func:`prefix_hashes`).
-
-    A fixed pattern XOR the 8-byte :func:`block_seed`, repeated: two different
-    seeds differ in every 8-byte word.
-    """
-    return expected_rows(layer, [block_index], [prefix_hash], nbytes, device)[0]
-
-
-# ---------------------------------------------------------------------------
-# KV memory
-# ---------------------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class LayerPages:
-    """One layer's blocks as bytes: ``pages[b]`` = bytes ``[0, nbytes)`` of block ``b``."""
-
-    name: str
-    group_id: int
-    tokens_per_block: int
-    is_mamba: bool
-    nbytes: int
-    pages: torch.Tensor
-    """uint8 ``[num_blocks, nbytes]`` view into the KV memory (row stride = block stride)."""
-
-    @property
-    def data(self) -> torch.Tensor:
-        """``pages`` as int64 words when size, stride and address allow, else ``pages``."""
-        p = self.pages
-        if self.nbytes % 8 == 0 and p.stride(0) % 8 == 0 and p.data_ptr() % 8 == 0:
-            return p.view(torch.int64)
-        return p
-
-    def rows(self, positions: Sequence[int], hashes: Sequence[int]) -> torch.Tensor:
-        """The expected contents of blocks at ``positions``, shaped like ``data`` rows."""
-        words = expected_words(
-            self.name, positions, hashes, -(-self.nbytes // 8), self.pages.device
-        )
-        if self.data.dtype == torch.int64:
-            return words
-        return words.view(torch.uint8)[:, : self.nbytes]
-
-
-@dataclass
-class DataStats:
-    """What the runner saw and checked (summed over the session)."""
-
-    steps: int = 0
-    blocks_written: int = 0
-    load_jobs: int = 0
-    loaded_blocks_checked: int = 0
-    """GPU blocks a load wrote (one per block id per job), each compared in every layer of its group."""
-    corrupted_loads: int = 0
-    """Loaded blocks with at least one layer differing from the expected bytes."""
-    foreign_bytes_changed: int = 0
-    """Bytes outside the loaded rows that changed while loads ran."""
-    offloaded_group_ids: tuple[int, ...] = ()
-    checked_per_group: dict[int, int] = field(default_factory=dict)
-    """Loaded blocks checked, per KV-cache group id."""
-    failures: list[str] = field(default_factory=list)
-    """The first few mismatches, described."""
-
-    def describe(self) -> str:
-        return (
-            f"{self.load_jobs} load jobs, {self.loaded_blocks_checked} loaded blocks checked, "
-            f"{self.corrupted_loads} corrupted, {self.foreign_bytes_changed} foreign bytes changed; "
-            f"checked per group {dict(sorted(self.checked_per_group.items()))} of offloaded "
-            f"groups {list(self.offloaded_group_ids)}"
-            + ("".join(f"\n  {f}" for f in self.failures))
-        )
-
-
-def _unpadded_page_bytes(spec: Any) -> int:
-    """The layer's real bytes per block (what vLLM's offloading worker copies)."""
-    if isinstance(spec, V.AttentionSpec):
-        return int(spec.unpadded_page_size_bytes)
-    if isinstance(spec, V.MambaSpec):
-        return int(dataclasses.replace(spec, page_size_padded=None).page_size_bytes)
-    raise ValueError(
-        f"the synthetic runner writes attention and Mamba layers only, not {type(spec).__name__}"
-    )
-
-
-def _layer_specs(group: Any) -> dict[str, Any]:
-    spec = group.kv_cache_spec
-    per_layer = spec.kv_cache_specs if isinstance(spec, V.UniformTypeKVCacheSpecs) else {}
-    return {name: per_layer.get(name, spec) for name in group.layer_names}
-
-
-def _flat_bytes(storage: Any, device: torch.device) -> torch.Tensor:
-    """A 1-D uint8 tensor over a whole untyped storage."""
-    return torch.empty(0, dtype=torch.uint8, device=device).set_(
-        storage, 0, (storage.nbytes(),), (1,)
-    )
-
-
-def with_planned_tensors(kv_cache_config: Any, vllm_config: Any, layout: str = "LBHNC") -> Any:
-    """A copy of a hand-made ``kv_cache_config`` with ``kv_cache_tensors`` planned by vLLM.
-
-    ``get_kv_cache_config_from_groups`` places the groups as the engine would:
-    cache groups overlay each other from byte 0, so one layer of each group
-    shares a backing region (vLLM's worker then folds them into one canonical
-    tensor with one ref per group).  Sets ``cache_config.kv_cache_layout`` to
-    ``layout`` when the config has none.
-    """
-    cache = vllm_config.cache_config
-    if cache.kv_cache_layout is None:
-        cache.kv_cache_layout = layout
-    groups = kv_cache_config.kv_cache_groups
-    probe = V.get_kv_cache_config_from_groups(vllm_config, groups, 1 << 30)
-    bytes_per_block = probe.kv_cache_tensors[0].size // probe.num_blocks
-    out = copy.deepcopy(kv_cache_config)
-    planned = V.get_kv_cache_config_from_groups(
-        vllm_config, groups, bytes_per_block * kv_cache_config.num_blocks
-    )
-    out.kv_cache_tensors = planned.kv_cache_tensors
-    return out
-
-
-def shrink_kv_cache_config(
-    kv_cache_config: Any, vllm_config: Any, num_blocks: int, like: Any | None = None
-) -> Any:
-    """``kv_cache_config`` re-planned by vLLM for ``num_blocks`` blocks.
-
-    ``kv_cache_tensors`` come from vLLM's own planner
-    (``get_kv_cache_config_from_groups``, the function that produced the
-    original), so offsets and strides are what the engine would use at that
-    size; the resolved fields (``hash_block_size``, retention, alignment, ...)
-    are kept.  With ``like`` (another view of the same engine, e.g. the
-    scheduler view) the tensors are copied onto a copy of ``like`` instead.
-    """
-    if like is not None:
-        out = copy.deepcopy(like)
-        out.num_blocks = num_blocks
-        out.kv_cache_tensors = copy.deepcopy(kv_cache_config.kv_cache_tensors)
-        return out
-    out = copy.deepcopy(kv_cache_config)
-    out.num_blocks = num_blocks
-    if not kv_cache_config.kv_cache_tensors:
-        return out
-    total = kv_cache_config.kv_cache_tensors[0].size
-    bytes_per_block = total // kv_cache_config.num_blocks
-    planned = V.get_kv_cache_config_from_groups(
-        vllm_config, kv_cache_config.kv_cache_groups, bytes_per_block * num_blocks
-    )
-    if planned.num_blocks != num_blocks:
-        raise ValueError(
-            f"vLLM planned {planned.num_blocks} blocks for {bytes_per_block * num_blocks} bytes, "
-            f"not {num_blocks}"
-        )
-    out.kv_cache_tensors = planned.kv_cache_tensors
-    return out
 
 
 class SyntheticModelRunner:
@@ -362,13 +115,13 @@ class SyntheticModelRunner:
     def _place_own_layers(self) -> None:
         """Hand-made configs: one ``uint8 [num_blocks, page]`` tensor per layer."""
         for gid, group in enumerate(self.kv_cache_config.kv_cache_groups):
-            for name, spec in _layer_specs(group).items():
+            for name, spec in layer_specs(group).items():
                 tensor = torch.zeros(
                     (self.num_blocks, int(spec.page_size_bytes)),
                     dtype=torch.uint8,
                     device=self.device,
                 )
-                nbytes = _unpadded_page_bytes(spec)
+                nbytes = unpadded_page_bytes(spec)
                 if nbytes < int(spec.page_size_bytes):
                     self._padded_groups[gid] = max(nbytes, self._padded_groups.get(gid, 0))
                 # Padding holds per-block junk: a load that copies it changes foreign bytes.
@@ -381,13 +134,13 @@ class SyntheticModelRunner:
         """Layers where ``KVCacheTensor`` puts them: ``offset + l*layer_stride + b*block_stride``."""
         specs: dict[str, tuple[int, Any]] = {}
         for gid, group in enumerate(self.kv_cache_config.kv_cache_groups):
-            for name, spec in _layer_specs(group).items():
+            for name, spec in layer_specs(group).items():
                 specs[name] = (gid, spec)
         for kvt in self.kv_cache_config.kv_cache_tensors:
-            buf = _flat_bytes(self.kv_caches[kvt.layers[0]].untyped_storage(), self.device)
+            buf = flat_bytes(self.kv_caches[kvt.layers[0]].untyped_storage(), self.device)
             for index, name in enumerate(kvt.layers):
                 gid, spec = specs[name]
-                nbytes = _unpadded_page_bytes(spec)
+                nbytes = unpadded_page_bytes(spec)
                 pages = buf.as_strided(
                     (self.num_blocks, nbytes),
                     (kvt.block_stride, 1),
@@ -465,7 +218,7 @@ class SyntheticModelRunner:
                 idx = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
                 for layer in self.group_layers.get(gid, ()):
                     layer.pages.index_fill_(0, idx, _POISON_BYTE)
-        self._snapshots = [_flat_bytes(s, self.device).clone() for s in self._storages]
+        self._snapshots = [flat_bytes(s, self.device).clone() for s in self._storages]
 
     def execute_model(self, session: Any, so: Any) -> None:
         if self._snapshots is not None:
@@ -584,7 +337,7 @@ class SyntheticModelRunner:
                     bad |= wrong
                 self.stats.corrupted_loads += int(bad.sum())
         for before, storage in zip(snapshots, self._storages, strict=True):
-            after = _flat_bytes(storage, self.device)
+            after = flat_bytes(storage, self.device)
             if torch.equal(before, after):
                 continue
             changed = (before != after).nonzero()
@@ -622,7 +375,7 @@ class SyntheticModelRunner:
             k = storage_index[view.untyped_storage().data_ptr()]
             shape, stride = (view.shape[0], nbytes), (view.stride(0), 1)
             offset = view.storage_offset()
-            live = _flat_bytes(view.untyped_storage(), self.device).as_strided(
+            live = flat_bytes(view.untyped_storage(), self.device).as_strided(
                 shape, stride, offset
             )
             kept = snapshots[k].as_strided(shape, stride, offset)

@@ -27,9 +27,10 @@ SPEC_ENV = "KVCHUNK_SPEC"
 
 EXAMPLE = "vllm_adapter.spec:ReferenceOffloadingSpec"
 
-TIERING_CPU_BYTES = 1 << 30
-"""``cpu_bytes_to_use`` for a tiering spec on the data lane (vLLM's ``TieringOffloadingSpec``
-requires the key; kvchunk's tiering specs size the CPU tier by ``num_cpu_chunks``)."""
+CPU_TIER_SIZES = ("cpu_bytes_to_use", "num_cpu_chunks")
+"""The extra-config keys that size the CPU tier.  The driver sets them from the lane's chunk
+count (:func:`conformance.harness.driver.vllm_config.takes_chunk_count` says which a spec takes),
+so a spec chosen with ``--spec`` gets its CPU tier sized for it, in bytes for vLLM's own."""
 
 __all__ = [
     "EXAMPLE",
@@ -39,6 +40,7 @@ __all__ = [
     "data_lane_entries",
     "header_line",
     "runner_device",
+    "tiered_entries",
     "tiered_lane_entries",
 ]
 
@@ -118,6 +120,14 @@ class SpecUnderTest:
             cls, spec.ReferenceOffloadingSpec | tiering.ReferenceTieringOffloadingSpec
         )
 
+    @property
+    def takes_chunk_count(self) -> bool:
+        """Whether the spec sizes its CPU tier by ``num_cpu_chunks`` (kvchunk's) rather than in
+        bytes only (vLLM's, a third party's)."""
+        from conformance.harness.driver.vllm_config import takes_chunk_count
+
+        return takes_chunk_count(self.entries())
+
     def cuda_reason(self) -> str | None:
         """Why the byte lanes cannot run the spec here (its worker is vLLM's CUDA-only one and
         CUDA is absent), else ``None``."""
@@ -162,8 +172,6 @@ def data_lane_entries(default: Mapping[str, Any]) -> dict[str, Any]:
     if spec is None:
         return dict(default)
     _skip_without_cuda(spec)
-    if spec.is_tiering:  # TieringOffloadingSpec requires it; kvchunk's take num_cpu_chunks
-        return {**spec.entries(), "cpu_bytes_to_use": TIERING_CPU_BYTES}
     return spec.entries()
 
 
@@ -177,7 +185,18 @@ def tiered_lane_entries(harness: Mapping[str, Any]) -> dict[str, Any]:
     if not spec.is_tiering:
         pytest.skip(f"--spec {spec} is not a tiering spec: the tiered lanes need a file tier")
     _skip_without_cuda(spec)
-    return {**harness, **spec.entries()}
+    return tiered_entries(harness, spec)
+
+
+def tiered_entries(harness: Mapping[str, Any], spec: SpecUnderTest) -> dict[str, Any]:
+    """``harness`` with ``spec``'s name and module.  The harness's CPU-tier sizes are for
+    kvchunk's specs; for a spec sized in bytes only they are dropped, so the driver sizes
+    its CPU tier for it (:func:`~conformance.harness.driver.vllm_config.takes_chunk_count`)."""
+    entries = {**harness, **spec.entries()}
+    if not spec.takes_chunk_count:
+        for key in CPU_TIER_SIZES:
+            entries.pop(key, None)
+    return entries
 
 
 def _skip_without_cuda(spec: SpecUnderTest) -> None:

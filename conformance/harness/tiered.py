@@ -33,7 +33,8 @@ from typing import Any, Self
 from conformance.harness import spec_option
 from conformance.harness import vllm_harness_api as V
 from conformance.harness.fixture_runs import FixtureCase
-from conformance.harness.kvdata import DataStats, SyntheticModelRunner
+from conformance.harness.kv_stats import DataStats
+from conformance.harness.kvdata import SyntheticModelRunner
 from conformance.protocol.trace import RequestSpec
 
 __all__ = [

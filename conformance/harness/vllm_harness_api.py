@@ -155,7 +155,7 @@ __all__ = [
     "get_sliding_window_size_in_chunks",
     "init_none_hash",
     "yield_req_data",
-    # worker side: transfers, CPU tier, data lane (conformance.harness.kvdata), GPU lanes
+    # worker side: transfers, CPU tier, data lane (conformance.harness.kvdata, kv_memory), GPU lanes
     "CPULoadStoreSpec",
     "CPUOffloadingManager",
     "CPUOffloadingSpec",

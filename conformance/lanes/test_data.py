@@ -31,7 +31,8 @@ from conformance.checks import data as DC  # noqa: E402
 from conformance.harness import cases, spec_option  # noqa: E402
 from conformance.harness import driver as D  # noqa: E402
 from conformance.harness.fixture_runs import FixtureCase  # noqa: E402
-from conformance.harness.kvdata import DataStats, with_planned_tensors  # noqa: E402
+from conformance.harness.kv_memory import with_planned_tensors  # noqa: E402
+from conformance.harness.kv_stats import DataStats  # noqa: E402
 from vllm_adapter.names import REFERENCE_SPEC  # noqa: E402
 
 # ---------------------------------------------------------------------------

@@ -251,3 +251,89 @@ def _abort_while_loading_workload(base: tuple[int, ...]) -> T.WorkloadSpec:
         aborts=(T.AbortSpec(step=14, req_id="z"),),
         default_delay_steps=3,
     )
+
+
+TWO_EAGLE_CASE = PlanCase("fa64+eagle-sw40@16+eagle-sw4@8", "blocks_per_chunk=2",
+                          "two_eagle_swa_kv_cache_config", (64, (16, 40), (8, 4)),
+                          (("blocks_per_chunk", 2),), 0)
+"""Two windowed EAGLE groups (vLLM marks every group holding a draft layer)."""
+
+
+def test_two_eagle_groups_each_peek_at_the_hit_end(backend: Backend,
+                                                    request: pytest.FixtureRequest) -> None:
+    """Every EAGLE group shows its peek chunk at the final hit end (``rules.needed_chunks``),
+    also when another EAGLE group shrank the hit after the first one peeked further out:
+    on :func:`two_eagle_groups_workload` ``r`` loads nothing."""
+    _expect_known_deviation(TWO_EAGLE_CASE, request)
+    trace = driver_for(TWO_EAGLE_CASE).run(two_eagle_groups_workload())
+    expected = P.answers_agree(trace, backend.planner)
+    assert any(a.call == "lookup" and a.req_id == "r" for a in expected), "r was never looked up"
+    assert sum(1 for a in expected if a.call == "step" and a.value) >= 2, "c and a stored nothing"
+
+
+def two_eagle_groups_workload() -> T.WorkloadSpec:
+    """``c`` (300 tokens), then ``a`` (its first 150), then ``r`` (``c`` again), a GPU
+    reset before each of the last two; 30-token steps, retention 0.
+
+    Group 1 (window 40, 32-token chunks) holds chunks 6-8 from ``c`` (the window and peek
+    before its boundary 256) and 2-3 from ``a`` (boundary 128; its peek chunk 4, tokens
+    128-160, is past ``a``'s 150 tokens).  Group 2 (window 4, 16-token chunks) holds 7-8
+    from ``a`` and 15 from ``c`` (``c``'s step ending at token 270 frees block 32 before
+    chunk 16 completes, so that chunk is not stored).  For ``r`` the full group ends at 256;
+    group 1 holds window and peek there, group 2 does not and shrinks the hit to 128, where
+    group 1's peek chunk 4 is missing: no hit (vLLM 0.33.0 and 0.34.0 load 128 tokens).
+    """
+    base = tuple((7 * i) % 30 for i in range(300))
+    return T.WorkloadSpec(
+        requests=(
+            T.RequestSpec("c", base, 2, 0),
+            T.RequestSpec("a", base[:150], 2, 16),
+            T.RequestSpec("r", base, 2, 31),
+        ),
+        max_num_batched_tokens=30,
+        resets=(T.ResetSpec(step=15), T.ResetSpec(step=30)),
+    )
+
+
+PENDING_CASE = PlanCase("fa64+eagle-sw40@16+eagle-sw4@8 pending store", "blocks_per_chunk=2",
+                        "two_eagle_swa_kv_cache_config", (64, (16, 40), (8, 4)),
+                        (("blocks_per_chunk", 2),), 0)
+"""The same geometry, a lookup while a store is still in flight."""
+
+
+def test_no_wait_when_the_hit_is_empty(backend: Backend, request: pytest.FixtureRequest) -> None:
+    """A lookup whose hit is 0 answers 0, not "ask again later", even when a chunk it
+    looked at is still being written (``rules.lookup_deferred``: pending chunks already
+    count as held, so their store completing cannot lengthen the hit):
+    on :func:`pending_store_workload` ``r`` is answered 0 at once."""
+    _expect_known_deviation(PENDING_CASE, request)
+    trace = driver_for(PENDING_CASE).run(pending_store_workload())
+    expected = P.answers_agree(trace, backend.planner)
+    assert any(a.call == "lookup" and a.req_id == "r" for a in expected), "r was never looked up"
+    assert sum(1 for a in expected if a.call == "step" and a.value) >= 2, "p and s stored nothing"
+
+
+def pending_store_workload() -> T.WorkloadSpec:
+    """``p`` (410 tokens), then ``s`` (the first 300), then ``r`` (430, ``p``'s prefix) while
+    ``s``'s last store is in flight (every job completes 8 steps late); GPU resets before
+    ``s`` and ``r``; 30-token steps, retention 0.
+
+    The full group holds chunks 0-2 (ends at 384).  Group 1 (window 40, 32-token chunks)
+    holds 10-11 from ``p`` (its peek chunk 12, tokens 384-416, is past ``p``'s 410 tokens)
+    and 6-8 from ``s``, chunk 8 still being written.  Group 2 (window 4, 16-token chunks)
+    holds 23-24 from ``p`` and 15 from ``s`` (chunk 16 is not stored: see
+    :func:`two_eagle_groups_workload`).  Group 1's only window with its peek ends at 256,
+    where group 2 holds nothing: the hit is 0 with chunk 8 pending or written.  vLLM
+    0.33.0 and 0.34.0 answer "ask again later" until chunk 8 is written, then 0.
+    """
+    base = tuple((7 * i) % 30 for i in range(430))
+    return T.WorkloadSpec(
+        requests=(
+            T.RequestSpec("p", base[:410], 2, 0),
+            T.RequestSpec("s", base[:300], 2, 25),
+            T.RequestSpec("r", base, 2, 39),
+        ),
+        max_num_batched_tokens=30,
+        resets=(T.ResetSpec(step=24), T.ResetSpec(step=38)),
+        default_delay_steps=8,
+    )

@@ -25,7 +25,10 @@ A disagreement is a finding: a deviation with its smallest case in
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +47,20 @@ from reference.economics import serve  # noqa: E402
 from reference.workload import GpuCache, Span, Workload, WorkloadRequest, requests  # noqa: E402
 
 pytestmark = pytest.mark.data
+
+HEAVY_LANE_LOCK = Path(tempfile.gettempdir()) / "kvchunk-heavy-lane.lock"
+"""Held while this lane runs: CI runs the releases' chains side by side (``.ci/run``), and
+this is the suite's memory-heavy lane (real-model KV caches), so one runs it at a time."""
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_heavy_lane_per_machine() -> Iterator[None]:
+    with HEAVY_LANE_LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 OUTPUT_TOKENS = 2
 """Outputs are not stored (prompt-only storing, vLLM's default): two tokens suffice."""

@@ -1,8 +1,9 @@
 """Backends under test, selected with ``--backend``.
 
-``vllm`` (default)  vLLM 0.33.0's real ``OffloadingConnector``: its recorded
-                    answers are compared against the reference replayed on the
-                    same inputs.
+``vllm`` (default)  the installed vLLM's real ``OffloadingConnector`` (0.33.0,
+                    0.34.0, or an unreleased build under ``--vllm-rules``): its
+                    recorded answers are compared against the reference replayed
+                    on the same inputs.
 ``reference``       the reference driving itself (self-check of the harness).
 ``module:object``   any object following ``conformance/PROTOCOL.md``: a
                     :class:`Backend`, or a planner factory

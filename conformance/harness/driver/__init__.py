@@ -75,6 +75,7 @@ from conformance.harness.driver.configs import (
     full_swa_two_layer_kv_cache_config,
     swa_eagle_kv_cache_config,
     swa_mtp_kv_cache_config,
+    two_eagle_swa_kv_cache_config,
     unequal_pages_kv_cache_config,
     unequal_pages_worker_view,
 )
@@ -106,6 +107,7 @@ __all__ = [
     "sampled_token",
     "swa_eagle_kv_cache_config",
     "swa_mtp_kv_cache_config",
+    "two_eagle_swa_kv_cache_config",
     "unequal_pages_kv_cache_config",
     "unequal_pages_worker_view",
 ]

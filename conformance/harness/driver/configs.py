@@ -103,6 +103,30 @@ def swa_eagle_kv_cache_config(
     )
 
 
+def two_eagle_swa_kv_cache_config(
+    full_block_size: int = 64,
+    first_swa: tuple[int, int] = (16, 40),
+    second_swa: tuple[int, int] = (8, 4),
+    num_blocks: int = 1024,
+) -> Any:
+    """FA + two sliding-window EAGLE draft groups, each ``(block_size, sliding_window)``.
+
+    vLLM marks every group holding a draft layer (``is_eagle_group``); a drafter with
+    windowed layers of two specs, or with two layers of one spec split over the target's
+    windowed groups (``layers[i::num_groups]``), has two windowed EAGLE groups.
+    """
+    swa = [
+        _group(
+            f"swa{i}",
+            V.SlidingWindowSpec(**_attn_kwargs(block), sliding_window=window),
+            is_eagle_group=True,
+        )
+        for i, (block, window) in enumerate((first_swa, second_swa))
+    ]
+    full = _group("full", V.FullAttentionSpec(**_attn_kwargs(full_block_size)))
+    return _kv_cache_config([full, *swa], num_blocks)
+
+
 def swa_mtp_kv_cache_config(
     full_block_size: int = 64,
     swa_block_size: int = 16,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -74,19 +75,41 @@ def _resolve(
     return resolved
 
 
+def takes_chunk_count(extra_config: dict[str, Any]) -> bool:
+    """Whether the extra config's spec is one of kvchunk's, which take ``num_cpu_chunks``.
+
+    Decided by class, not name: vLLM's own specs (``CPUOffloadingSpec``,
+    ``TieringOffloadingSpec``) and any third-party spec size the CPU tier in bytes only
+    (``cpu_bytes_to_use``), so the driver must give them bytes.
+    """
+    from vllm_adapter.spec import ReferenceOffloadingSpec
+    from vllm_adapter.tiering import ReferenceTieringOffloadingSpec
+
+    name = extra_config.get("spec_name", CPU_SPEC)
+    module = extra_config.get("spec_module_path")
+    if module is None:  # a spec registered with vLLM's factory: vLLM's own
+        return bool(name == REFERENCE_SPEC_NAME)
+    cls = getattr(importlib.import_module(module), name, None)
+    return isinstance(cls, type) and issubclass(
+        cls, ReferenceOffloadingSpec | ReferenceTieringOffloadingSpec
+    )
+
+
 def _size_cpu_tier(vllm_config: Any, resolved: Any, num_cpu_chunks: int) -> None:
-    """Size the spec's CPU tier in chunks, unless the extra config already sizes it."""
+    """Size the spec's CPU tier at ``num_cpu_chunks`` chunks, unless the extra config sizes it.
+
+    kvchunk's specs take the count itself.  Every other spec (vLLM's, a third party's)
+    gets ``cpu_bytes_to_use``: vLLM's own chunk size, asked of vLLM's
+    ``CPUOffloadingSpec``, times the count.
+    """
     live_extra = vllm_config.kv_transfer_config.kv_connector_extra_config
-    uses_cpu_spec = live_extra.get("spec_name", CPU_SPEC) == CPU_SPEC
-    if uses_cpu_spec and "cpu_bytes_to_use" not in live_extra:
-        # Ask vLLM's own spec what one chunk takes.
+    if takes_chunk_count(live_extra):
+        if not ({"num_cpu_chunks", "cpu_bytes_to_use"} & set(live_extra)):
+            live_extra["num_cpu_chunks"] = num_cpu_chunks
+    elif "cpu_bytes_to_use" not in live_extra:
         live_extra["cpu_bytes_to_use"] = 1
         probe = V.CPUOffloadingSpec(V.build_offloading_config(vllm_config, resolved))
         live_extra["cpu_bytes_to_use"] = max(1, probe.kv_bytes_per_chunk * num_cpu_chunks)
-    uses_reference_spec = live_extra.get("spec_name") == REFERENCE_SPEC_NAME
-    if uses_reference_spec and not ({"num_cpu_chunks", "cpu_bytes_to_use"} & set(live_extra)):
-        # vllm_adapter.spec.ReferenceOffloadingSpec takes the chunk count directly.
-        live_extra["num_cpu_chunks"] = num_cpu_chunks
 
 
 def build_vllm_config(

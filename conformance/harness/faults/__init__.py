@@ -61,7 +61,7 @@ Fault injection (:class:`FaultyWorker`, :class:`FaultRunner`, :func:`run_fault_s
     resets between one step and the next.
 
     Checks (:class:`FaultRunner`): every executed load is compared block by
-    block with the synthetic expected bytes (:mod:`conformance.harness.kvdata`), with
+    block with the synthetic expected bytes (:mod:`conformance.harness.kv_pattern`), with
     no byte outside its destination rows changed; in every forward pass
     (after its writes: vLLM lets a request hit blocks another request of the
     same batch is filling) every complete, non-null block the request's table

@@ -17,7 +17,9 @@ from typing import Any
 import torch
 
 from conformance.harness.faults.worker import POISON, FaultStats, FaultyWorker, _Job
-from conformance.harness.kvdata import SyntheticModelRunner, _flat_bytes, prefix_hashes
+from conformance.harness.kv_memory import flat_bytes
+from conformance.harness.kv_pattern import prefix_hashes
+from conformance.harness.kvdata import SyntheticModelRunner
 
 BYTE_CHECK_LIMIT = 64 << 20
 """KV memories up to this size get every read compared byte by byte (and every load's foreign
@@ -61,7 +63,7 @@ class FaultRunner(SyntheticModelRunner):
                 self.shadow[b] = _POISONED
 
     def snapshot(self) -> Snapshot:
-        return [_flat_bytes(s, self.device).clone() for s in self._storages]
+        return [flat_bytes(s, self.device).clone() for s in self._storages]
 
     def _expected(self, layer: Any, positions: list[int], hashes: Sequence[int]) -> torch.Tensor:
         tpb = layer.tokens_per_block
@@ -115,7 +117,7 @@ class FaultRunner(SyntheticModelRunner):
 
     def _check_foreign_bytes(self, job: _Job, snapshot: Snapshot) -> None:
         for before, storage in zip(snapshot, self._storages, strict=True):
-            after = _flat_bytes(storage, self.device)
+            after = flat_bytes(storage, self.device)
             if not torch.equal(before, after):
                 n = int((before != after).sum())
                 self.fault_stats.foreign_bytes_changed += n

@@ -84,7 +84,7 @@ def scenario_driver(sc: FaultScenario) -> Any:
     """The scenario's :class:`~conformance.harness.driver.VllmDriver` (reference spec, recompute policy)."""
     from conformance.harness import driver as D
     from conformance.harness.fixture_runs import fixture_driver
-    from conformance.harness.kvdata import with_planned_tensors
+    from conformance.harness.kv_memory import with_planned_tensors
 
     extra = {BLOCKS_PER_CHUNK: sc.blocks_per_chunk}
     if sc.fixture in _SYNTHETIC:

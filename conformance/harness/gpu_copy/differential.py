@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from conformance.harness.kv_memory import flat_bytes
 from reference.transfer import TransferLayout
 
 from .jobs import Job
@@ -22,12 +23,6 @@ from .tiers import (
 )
 
 __all__ = ["CopyDifferential", "CopyStats"]
-
-
-def _flat_bytes(storage: Any, device: torch.device) -> torch.Tensor:
-    return torch.empty(0, dtype=torch.uint8, device=device).set_(
-        storage, 0, (storage.nbytes(),), (1,)
-    )
 
 
 @dataclass
@@ -95,7 +90,7 @@ class CopyDifferential:
         storages: dict[int, Any] = {}
         for v in self.views:
             storages.setdefault(v.untyped_storage().data_ptr(), v.untyped_storage())
-        self.flats = [_flat_bytes(s, self.device) for s in storages.values()]
+        self.flats = [flat_bytes(s, self.device) for s in storages.values()]
         self._storage_index = {s.data_ptr(): k for k, s in enumerate(storages.values())}
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.cpu_generator = torch.Generator().manual_seed(seed + 1)
