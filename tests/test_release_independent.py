@@ -1,12 +1,18 @@
-"""The modules ``nox -s tests`` runs on the newest release only really import no vLLM."""
+"""The once-per-CI test modules: the release-independent ones really import no vLLM, and each
+once-only set runs on exactly one release (release-independent: the oldest; the suite's option
+tests: the newest)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
-from conftest import HARNESS_ONCE, RELEASE_INDEPENDENT
+import pytest
+from conftest import HARNESS_ONCE, RELEASE_INDEPENDENT, pytest_collection_modifyitems
+
+from vllm_adapter.releases import NEWEST, RELEASES
 
 TESTS = Path(__file__).resolve().parent
 
@@ -24,3 +30,27 @@ def test_release_independent_modules_import_no_vllm() -> None:
 def test_every_listed_module_exists() -> None:
     for name in RELEASE_INDEPENDENT | HARNESS_ONCE:
         assert (TESTS / f"{name}.py").exists(), f"tests/conftest.py lists {name}, which is gone"
+
+
+class _Item:
+    def __init__(self, module: str) -> None:
+        self.module = SimpleNamespace(__name__=f"tests.{module}")
+        self.skips: list[str] = []
+
+    def add_marker(self, marker: pytest.MarkDecorator) -> None:
+        self.skips.append(marker.kwargs["reason"])
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_each_once_only_set_runs_on_exactly_one_release(
+    release: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KVCHUNK_VLLM", release)
+    oldest = min(RELEASES, key=lambda v: tuple(int(x) for x in v.split(".")))
+    independent, option, other = (
+        _Item(sorted(RELEASE_INDEPENDENT)[0]), _Item(sorted(HARNESS_ONCE)[0]), _Item("test_cli")
+    )
+    pytest_collection_modifyitems(None, [independent, option, other])
+    assert bool(independent.skips) == (release != oldest), independent.skips
+    assert bool(option.skips) == (release != NEWEST), option.skips
+    assert other.skips == [], "a release-dependent module must run on every release"
