@@ -60,10 +60,11 @@ def _install(session: nox.Session, vllm: str, extras: str = DEV_EXTRAS) -> None:
     session.install("-e", f".[{extras}]", *_resolution_args(vllm))
 
 
-def _env(vllm: str) -> dict[str, str]:
+def _env(vllm: str | None = None) -> dict[str, str]:
+    """The sessions' environment; ``KVCHUNK_VLLM`` names the release (none without vLLM)."""
     return {
         "KVCHUNK_PROFILE": os.environ.get("KVCHUNK_PROFILE", "ci"),
-        "KVCHUNK_VLLM": vllm,
+        **({"KVCHUNK_VLLM": vllm} if vllm else {}),
         # vLLM on a CPU-only host: keep it quiet and off the network.
         "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
         "HF_HUB_OFFLINE": "1",
@@ -123,9 +124,8 @@ def corpus_replay(session: nox.Session) -> None:
     """
     _install(session, VLLM_VERSIONS[-1], extras="dev")
     session.run("python", "-c", NO_VLLM_CHECK)
-    env = {"KVCHUNK_PROFILE": os.environ.get("KVCHUNK_PROFILE", "ci"), "PYTHONDONTWRITEBYTECODE": ""}
-    session.run("python", "-m", "conformance.corpus", "replay", "--backend", "reference", env=env)
-    session.run("pytest", "tests/test_corpus.py", *session.posargs, env=env)
+    session.run("python", "-m", "conformance.corpus", "replay", "--backend", "reference", env=_env())
+    session.run("pytest", "tests/test_corpus.py", *session.posargs, env=_env())
 
 
 NO_VLLM_CHECK = (

@@ -29,6 +29,7 @@ import pytest
 from conformance.harness.spec_option import header_line as spec_header_line
 from conformance.protocol.versions import CHANGES, RELEASES, UNMEASURED, rules_line
 from conformance.report import ConformanceReport
+from vllm_adapter.files import write_text_atomic
 from vllm_adapter.releases import installed_version
 from vllm_adapter.render import render_table
 
@@ -94,14 +95,6 @@ def what_changed(answers: dict[str, dict[str, str]]) -> str:
     )
 
 
-def _write_whole(path: Path, text: str) -> None:
-    """Write ``path`` by rename, so a run of another release (CI runs them side by side)
-    reading it sees the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def main(argv: list[str]) -> int:
     REPORTS.mkdir(exist_ok=True)
     version = _vllm_version()
@@ -136,9 +129,9 @@ def main(argv: list[str]) -> int:
     )
     per_version = REPORTS / f"conformance-{version}.md"
     text = plugin.write(per_version, header) + _deviations_section()
-    _write_whole(per_version, text)
+    write_text_atomic(per_version, text)
     if plugin.version_answers:
-        _write_whole(
+        write_text_atomic(
             REPORTS / f"versions-{version}.json",
             json.dumps(plugin.version_answers, indent=2, sort_keys=True) + "\n",
         )
@@ -157,7 +150,7 @@ def main(argv: list[str]) -> int:
         + "\n"
         + newest_text.replace("# kvchunk conformance report", f"# vLLM {newest}", 1)
     )
-    _write_whole(REPORTS / "conformance.md", combined)
+    write_text_atomic(REPORTS / "conformance.md", combined)
     print("\n" + text)
     return int(code)
 

@@ -91,7 +91,7 @@ def test_an_unknown_build_runs_the_newest_known_releases_rules(
 def test_vllm_rules_overrides_the_installed_vllms_rules_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    oldest = min(RELEASES, key=lambda v: tuple(map(int, v.split("."))))
+    oldest = releases.OLDEST
     monkeypatch.setattr(releases, "installed_version", lambda: DEV)
     monkeypatch.setenv(RULES_ENV, oldest)
     rules = rules_for(DEV)

@@ -65,6 +65,7 @@ from vllm_adapter.codec import (
 )
 from vllm_adapter.derive import RECIPES, derive
 from vllm_adapter.derive.compare import fixture_differences
+from vllm_adapter.files import write_text_atomic
 from vllm_adapter.names import STOCK_CONNECTOR
 
 __all__ = [
@@ -158,12 +159,7 @@ def live_cache_dir(version: str | None = None) -> Path:
 def _derive_into_cache(name: str, path: Path) -> None:
     """Derive ``name`` with the installed vLLM and write it atomically to ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = dump_fixture(derive(name))
-    with tempfile.NamedTemporaryFile(
-        "w", encoding="utf-8", dir=path.parent, suffix=".tmp", delete=False
-    ) as tmp:
-        tmp.write(text)
-    os.replace(tmp.name, path)
+    write_text_atomic(path, dump_fixture(derive(name)))
 
 
 def fixtures_dir(version: str | None = None) -> Path:

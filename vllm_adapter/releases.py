@@ -24,6 +24,7 @@ from reference.plan import LastTokenRule, NullBlockRule, Policy, WindowRule
 
 __all__ = [
     "NEWEST",
+    "OLDEST",
     "RELEASES",
     "RULES_ENV",
     "ReleaseRules",
@@ -75,7 +76,12 @@ RELEASES: dict[str, ReleaseRules] = {
         ),
     ),
 }
-NEWEST = max(RELEASES, key=lambda v: tuple(int(x) for x in v.split(".")))
+def _release_key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))
+
+
+NEWEST = max(RELEASES, key=_release_key)
+OLDEST = min(RELEASES, key=_release_key)
 
 
 def installed_version() -> str | None:

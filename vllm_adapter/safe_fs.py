@@ -78,6 +78,7 @@ from vllm_adapter.chunk_file import (
     store_chunk,
     sweep_stale_temps,
 )
+from vllm_adapter.files import write_text_atomic
 from vllm_adapter.tiering import ReferenceTieringOffloadingSpec
 
 __all__ = [
@@ -311,15 +312,7 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
 def _write_json_once(path: str, data: Mapping[str, Any]) -> None:
     if os.path.exists(path):
         return
-    tmp = f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True))
 
 
 def kvchunk_tier_configs(configs: Any) -> list[Any]:

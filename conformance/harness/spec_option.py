@@ -113,20 +113,20 @@ class SpecUnderTest:
         """A subclass of vLLM's ``CPUOffloadingSpec`` or ``TieringOffloadingSpec`` with none of
         kvchunk's reference specs in its MRO: its worker is vLLM's CUDA-only one."""
         from conformance.harness import vllm_harness_api as V
-        from vllm_adapter import spec, tiering
+        from conformance.harness.driver.vllm_config import is_kvchunk_spec
 
         cls = self.load()
-        return issubclass(cls, V.CPUOffloadingSpec | V.TieringOffloadingSpec) and not issubclass(
-            cls, spec.ReferenceOffloadingSpec | tiering.ReferenceTieringOffloadingSpec
+        return issubclass(cls, V.CPUOffloadingSpec | V.TieringOffloadingSpec) and not (
+            is_kvchunk_spec(cls)
         )
 
     @property
     def takes_chunk_count(self) -> bool:
         """Whether the spec sizes its CPU tier by ``num_cpu_chunks`` (kvchunk's) rather than in
         bytes only (vLLM's, a third party's)."""
-        from conformance.harness.driver.vllm_config import takes_chunk_count
+        from conformance.harness.driver.vllm_config import is_kvchunk_spec
 
-        return takes_chunk_count(self.entries())
+        return is_kvchunk_spec(self.load())
 
     def cuda_reason(self) -> str | None:
         """Why the byte lanes cannot run the spec here (its worker is vLLM's CUDA-only one and

@@ -75,6 +75,15 @@ def _resolve(
     return resolved
 
 
+def is_kvchunk_spec(cls: type) -> bool:
+    """A subclass of one of kvchunk's reference specs: it takes ``num_cpu_chunks``, and its
+    worker is the reference one wherever vLLM's would need CUDA."""
+    from vllm_adapter.spec import ReferenceOffloadingSpec
+    from vllm_adapter.tiering import ReferenceTieringOffloadingSpec
+
+    return issubclass(cls, ReferenceOffloadingSpec | ReferenceTieringOffloadingSpec)
+
+
 def takes_chunk_count(extra_config: dict[str, Any]) -> bool:
     """Whether the extra config's spec is one of kvchunk's, which take ``num_cpu_chunks``.
 
@@ -82,17 +91,12 @@ def takes_chunk_count(extra_config: dict[str, Any]) -> bool:
     ``TieringOffloadingSpec``) and any third-party spec size the CPU tier in bytes only
     (``cpu_bytes_to_use``), so the driver must give them bytes.
     """
-    from vllm_adapter.spec import ReferenceOffloadingSpec
-    from vllm_adapter.tiering import ReferenceTieringOffloadingSpec
-
     name = extra_config.get("spec_name", CPU_SPEC)
     module = extra_config.get("spec_module_path")
     if module is None:  # a spec registered with vLLM's factory: vLLM's own
         return bool(name == REFERENCE_SPEC_NAME)
     cls = getattr(importlib.import_module(module), name, None)
-    return isinstance(cls, type) and issubclass(
-        cls, ReferenceOffloadingSpec | ReferenceTieringOffloadingSpec
-    )
+    return isinstance(cls, type) and is_kvchunk_spec(cls)
 
 
 def _size_cpu_tier(vllm_config: Any, resolved: Any, num_cpu_chunks: int) -> None:
