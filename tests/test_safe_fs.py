@@ -162,52 +162,103 @@ def test_bad_tier_config_is_a_value_error_naming_the_key(tier: Any, match: str) 
         S.kvchunk_tier_configs([tier])
 
 
-def test_fs_tiers_become_kvchunks_others_stay() -> None:
-    out = S.kvchunk_tier_configs([{"type": "fs", "root_dir": "/x"}, {"type": "example"}])
-    assert out == [{"type": names.KVCHUNK_FS_TIER, "root_dir": "/x"}, {"type": "example"}]
+def test_fs_tiers_become_kvchunks_others_stay(tmp_path: Path) -> None:
+    root = str(tmp_path / "kv")
+    out = S.kvchunk_tier_configs([{"type": "fs", "root_dir": root}, {"type": "example"}])
+    assert out == [{"type": names.KVCHUNK_FS_TIER, "root_dir": root}, {"type": "example"}]
     tier_cls = V.SecondaryTierFactory.get_tier_class({"type": names.KVCHUNK_FS_TIER})
     assert tier_cls is S.KvchunkFileTierManager
 
 
+GEOMETRY_CHANGES: dict[str, tuple[str, Any]] = {
+    # geometry field -> (what the spec or tier option changes, a different value)
+    "format": ("layout", "packed"),
+    "format_version": ("layout", "packed"),
+    "checksum": ("checksum", "blake3"),
+    "model": ("config.model.name", "other"),
+    "kv_dtype": ("config.model.dtype", "float8_e4m3fn"),
+    "kv_cache_layout": ("config.kv_cache_layout", "HND"),
+    "canonical_layout": ("config.canonical_layout", True),
+    "replicated_layout": ("replicated_layout", True),
+    "tokens_per_hash": ("config.cache.tokens_per_hash", 32),
+    "blocks_per_chunk": ("config.cache.blocks_per_chunk", 4),
+    "worker_kv_bytes_per_block": ("config.worker_kv_bytes_per_block", 2048),
+    "kv_bytes_per_chunk": ("kv_bytes_per_chunk", 4096),
+    "cpu_page_size_per_worker": ("cpu_page_size_per_worker", 4096),
+    "file_payload_bytes": ("payload_bytes", 4096),
+    "groups.group_id": ("group.group_id", 1),
+    "groups.tokens_per_block": ("group.tokens_per_block", 32),
+    "groups.layer_names": ("group.layer_names", ("l1",)),
+    "groups.sliding_window_size_in_chunks": ("group.sliding_window_size_in_chunks", 2),
+    "groups.blocks_per_chunk": ("config.cache.blocks_per_chunk", 4),
+    "parallel.rank": ("config.parallel.rank", 1),
+    "parallel.world_size": ("config.parallel.world_size", 2),
+    "parallel.tp_size": ("config.parallel.tp_size", 2),
+    "parallel.pp_size": ("config.parallel.pp_size", 2),
+    "parallel.pcp_size": ("config.parallel.pcp_size", 2),
+    "parallel.dcp_size": ("config.parallel.dcp_size", 2),
+}
+
+
+def _leaf_fields(fields: dict[str, Any], prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    for name, value in fields.items():
+        if isinstance(value, dict):
+            out |= _leaf_fields(value, f"{prefix}{name}.")
+        elif isinstance(value, list) and value and isinstance(value[0], dict):
+            for item in value:
+                out |= _leaf_fields(item, f"{prefix}{name}.")
+        else:
+            out.add(prefix + name)
+    return out
+
+
 def test_namespace_changes_with_every_geometry_field() -> None:
+    """Every field :func:`geometry` returns is a case here, and changing it changes the namespace."""
     from types import SimpleNamespace as NS_
 
-    def spec(**over: Any) -> Any:
+    def digest_with(change: tuple[str, Any] | None = None) -> bytes:
         group = NS_(group_id=0, tokens_per_block=16, layer_names=("l0",),
                     sliding_window_size_in_chunks=None)
         par = NS_(rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1)
         config = NS_(model=NS_(name="m", dtype="bfloat16"), kv_cache_layout="NHD",
                      canonical_layout=False, cache=NS_(tokens_per_hash=16, blocks_per_chunk=2),
                      worker_kv_bytes_per_block=4096, groups=(group,), parallel=par)
-        s = NS_(config=config, replicated_layout=False, kv_bytes_per_chunk=8192,
-                cpu_page_size_per_worker=8192)
-        for path, value in over.items():
-            *head, last = path.split(".")
-            obj = s
-            for h in head:
-                obj = getattr(obj, h)
-            setattr(obj, last, value)
-        return s
+        spec = NS_(config=config, replicated_layout=False, kv_bytes_per_chunk=8192,
+                   cpu_page_size_per_worker=8192, group=group)
+        options: dict[str, Any] = {"payload_bytes": 8192}
+        if change is not None:
+            path, value = change
+            if path in ("layout", "checksum", "payload_bytes"):
+                options[path] = value
+            else:
+                *head, last = path.split(".")
+                obj = spec
+                for h in head:
+                    obj = getattr(obj, h)
+                setattr(obj, last, value)
+        payload = options.pop("payload_bytes")
+        return S.namespace_digest(S.geometry(spec, payload, **options))
 
-    base = S.namespace_digest(S.geometry(spec(), 8192))
-    changes = {
-        "config.worker_kv_bytes_per_block": 2048,
-        "config.model.dtype": "float8_e4m3fn",
-        "config.kv_cache_layout": "HND",
-        "config.cache.blocks_per_chunk": 4,
-        "config.parallel.tp_size": 2,
-        "config.parallel.rank": 1,
-        "config.parallel.dcp_size": 2,
-        "config.parallel.pp_size": 2,
-        "config.model.name": "other",
-        "kv_bytes_per_chunk": 4096,
-    }
-    for path, value in changes.items():
-        assert S.namespace_digest(S.geometry(spec(**{path: value}), 8192)) != base, path
-    other_layers = spec()
-    other_layers.config.groups[0].layer_names = ("l1",)
-    assert S.namespace_digest(S.geometry(other_layers, 8192)) != base
-    assert S.namespace_digest(S.geometry(spec(), 4096)) != base
+    from types import SimpleNamespace as NS2
+
+    probe = S.geometry(
+        NS2(config=NS2(model=NS2(name="m", dtype="d"), kv_cache_layout=None, canonical_layout=False,
+                       cache=NS2(tokens_per_hash=1, blocks_per_chunk=1), worker_kv_bytes_per_block=1,
+                       groups=(NS2(group_id=0, tokens_per_block=1, layer_names=(),
+                                   sliding_window_size_in_chunks=None),),
+                       parallel=NS2(rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1,
+                                    dcp_size=1)),
+            replicated_layout=False, kv_bytes_per_chunk=1, cpu_page_size_per_worker=1),
+        1,
+    )
+    assert _leaf_fields(probe) == set(GEOMETRY_CHANGES), (
+        "geometry() fields without a namespace case (or cases for fields it no longer has): "
+        f"{_leaf_fields(probe) ^ set(GEOMETRY_CHANGES)}"
+    )
+    base = digest_with()
+    same = [field for field, change in GEOMETRY_CHANGES.items() if digest_with(change) == base]
+    assert not same, f"changing these geometry fields kept the namespace: {same}"
 
 
 LARGE = 2 * C.SEGMENT_BYTES + 3 * 4096
@@ -240,7 +291,7 @@ def test_a_large_payload_digest_equals_the_one_shot_digest(tmp_path: Path) -> No
     path = tmp_path / "big.bin"
     S.store_chunk(str(path), memoryview(bytearray(data)), KEY, S.ChunkIO(namespace=NS))
     header = path.read_bytes()[: S.HEADER_SIZE]
-    assert C.digest(data) in header
+    assert C.payload_digest(C.CHECKSUM, data) in header
 
 
 def test_stale_temporary_files_are_swept_fresh_ones_and_chunks_kept(tmp_path: Path) -> None:

@@ -40,12 +40,26 @@ group's page changes that sum or the row, and the per-file payload length check
 and digest stand behind it.  ``kvchunk-geometry.json`` in that directory records
 the fields.  vLLM's ``FileMapper`` names the files inside it.
 
+**Layouts** (``"layout"``): ``"per_chunk"`` (the default) writes one chunk
+file per key, as vLLM's tier does, named by vLLM's ``FileMapper``.  ``"packed"``
+writes **one file per store job** (:mod:`vllm_adapter.packed_file`, the layout of
+:mod:`reference.packed`): the tiering manager hands the tier every key of one
+GPU->CPU store as one job, and all of them, every group, become sections of one
+file.  The packed tier answers ``lookup(key)`` from an in-memory index, key ->
+(file, section), which it rebuilds from the files' headers when it starts; a key
+already in the index is not written again; a load opens each file it needs once
+and reads adjacent sections in one call; a section that fails verification
+fails its key alone and leaves the index.
+
 Options of the tier (``secondary_tiers`` entry, besides vLLM's fs-tier keys
 ``root_dir``, ``n_read_threads``, ``n_write_threads``, ``enable_kv_events``,
-``locality``, ``backpressure``): ``"checksum": "blake3"`` (the only one),
-``"bad_files": "delete" | "quarantine"``, ``"fsync": false | true`` (fsync each
-file before the rename; off by default, as vLLM's tier).  Every bad value is a
-``ValueError`` naming the key and a valid value.
+``locality``, ``backpressure``): ``"layout": "per_chunk" | "packed"``,
+``"checksum": "xxh3-128" | "blake3"`` (the payload checksum; the namespace
+includes it), ``"bad_files": "delete" | "quarantine"``, ``"fsync": false | true``
+(fsync each file before the rename; off by default, as vLLM's tier).  Every bad
+value is a ``ValueError`` naming the key and a valid value, raised when the spec
+is built, before vLLM sees it; ``root_dir`` is expanded (``~``, ``~user``),
+created and probed for writing there.
 """
 
 from __future__ import annotations
@@ -54,15 +68,19 @@ import contextlib
 import json
 import logging
 import os
+import tempfile
 import threading
-from collections.abc import Iterable, Mapping
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from vllm_adapter import names
+from vllm_adapter import packed_file as P
 from vllm_adapter import vllm_api as V
 from vllm_adapter.chunk_file import (
     BAD_FILE_POLICIES,
     CHECKSUM,
+    CHECKSUMS,
     FORMAT_VERSION,
     HEADER_SIZE,
     MAGIC,
@@ -70,6 +88,7 @@ from vllm_adapter.chunk_file import (
     ChunkFileError,
     ChunkIO,
     TierCounters,
+    _slices,
     batch_load_chunks,
     batch_store_chunks,
     digest,
@@ -79,6 +98,7 @@ from vllm_adapter.chunk_file import (
     sweep_stale_temps,
 )
 from vllm_adapter.files import write_text_atomic
+from vllm_adapter.spec import _count
 from vllm_adapter.tiering import ReferenceTieringOffloadingSpec
 
 __all__ = [
@@ -92,8 +112,10 @@ __all__ = [
     "TierCounters",
     "batch_load_chunks",
     "batch_store_chunks",
+    "PackedIndex",
     "geometry",
     "key_digest",
+    "live_tiers",
     "load_chunk",
     "namespace_digest",
     "store_chunk",
@@ -109,19 +131,22 @@ GEOMETRY_FILE = "kvchunk-geometry.json"
 # ---------------------------------------------------------------------------
 
 
-def geometry(spec: Any, payload_bytes: int) -> dict[str, Any]:
+def geometry(
+    spec: Any, payload_bytes: int, *, layout: str = "per_chunk", checksum: str = CHECKSUM
+) -> dict[str, Any]:
     """Everything that decides the bytes of a chunk file, from an offloading spec.
 
     ``spec``: a ``TieringOffloadingSpec`` (its ``config`` is vLLM's
     ``OffloadingConfig``); ``payload_bytes``: the primary tier's row stride, the
-    bytes one file holds.
+    bytes one file (or one packed section) holds; ``layout`` and ``checksum``: the
+    tier's options (files of another layout or checksum live in another namespace).
     """
     c = spec.config
     p = c.parallel
     return {
-        "format": "kvchunk-fs",
-        "format_version": FORMAT_VERSION,
-        "checksum": CHECKSUM,
+        "format": "kvchunk-fs" if layout == "per_chunk" else "kvchunk-fs-packed",
+        "format_version": FORMAT_VERSION if layout == "per_chunk" else P.FORMAT_VERSION,
+        "checksum": checksum,
         "model": str(c.model.name),
         "kv_dtype": str(c.model.dtype),
         "kv_cache_layout": None if c.kv_cache_layout is None else str(c.kv_cache_layout),
@@ -166,9 +191,13 @@ def namespace_digest(fields: Mapping[str, Any]) -> bytes:
 
 TIER_KEYS = (
     "type", "module_path", "root_dir", "n_read_threads", "n_write_threads", "enable_kv_events",
-    "locality", "backpressure", "checksum", "bad_files", "fsync",
+    "locality", "backpressure", "layout", "checksum", "bad_files", "fsync",
 )
 """The options of a kvchunk file tier: vLLM's fs tier's, and :mod:`safe_fs`'s own."""
+LAYOUTS = ("per_chunk", "packed")
+DEFAULT_LAYOUT = "per_chunk"
+MAX_THREADS = 256
+"""``n_read_threads`` / ``n_write_threads`` above this are a mistake (vLLM's default is 16)."""
 
 
 def _where(tier_index: int | None) -> str:
@@ -191,10 +220,14 @@ def check_tier_options(config: Mapping[str, Any], tier_index: int | None = None)
             f"'root_dir' in {where} must be a directory path, e.g. \"/mnt/nvme/kvchunk\", "
             f"got {root!r}"
         )
-    if config.get("checksum", CHECKSUM) != CHECKSUM:
+    if config.get("layout", DEFAULT_LAYOUT) not in LAYOUTS:
         raise ValueError(
-            f"'checksum' in {where} must be {CHECKSUM!r} (the only algorithm of format "
-            f"version {FORMAT_VERSION}), got {config.get('checksum')!r}"
+            f"'layout' in {where} must be 'per_chunk' or 'packed', got {config.get('layout')!r}"
+        )
+    if config.get("checksum", CHECKSUM) not in CHECKSUMS:
+        raise ValueError(
+            f"'checksum' in {where} must be one of {', '.join(map(repr, CHECKSUMS))}, "
+            f"got {config.get('checksum')!r}"
         )
     if config.get("bad_files", "delete") not in BAD_FILE_POLICIES:
         raise ValueError(
@@ -205,18 +238,126 @@ def check_tier_options(config: Mapping[str, Any], tier_index: int | None = None)
         raise ValueError(f"'fsync' in {where} must be true or false, got {config.get('fsync')!r}")
     for key in ("n_read_threads", "n_write_threads"):
         value = config.get(key, 1)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"'{key}' in {where} must be an integer >= 1, e.g. 16, got {value!r}")
+        if (isinstance(value, bool) or not isinstance(value, int)
+                or not 1 <= value <= MAX_THREADS):
+            raise ValueError(
+                f"'{key}' in {where} must be an integer from 1 to {MAX_THREADS}, e.g. 16, "
+                f"got {value!r}"
+            )
+
+
+def usable_root(root: str, tier_index: int | None = None) -> str:
+    """``root_dir`` with ``~`` / ``~user`` expanded, created, and probed by writing a file in it.
+
+    ``ValueError`` naming ``root_dir`` when it cannot be expanded, created or written.
+    """
+    where = _where(tier_index)
+    path = os.path.expanduser(root)
+    if path.startswith("~"):
+        raise ValueError(
+            f"'root_dir' in {where} names a home directory that does not exist ({root!r}); "
+            "give an absolute path, e.g. \"/mnt/nvme/kvchunk\""
+        )
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ValueError(
+            f"'root_dir' in {where} must be a writable directory, e.g. \"/mnt/nvme/kvchunk\"; "
+            f"{root!r}: {exc.strerror or exc}"
+        ) from None
+    return path
+
+
+class PackedIndex:
+    """Which packed file and section holds each key (thread-safe): the packed tier's lookups.
+
+    Filled as stores finish and, when a tier starts, from the headers of the files
+    already in its namespace (:meth:`rebuild`); a section that fails verification
+    leaves it (:meth:`drop`).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._where: dict[bytes, tuple[str, P.Section]] = {}
+        self._files: dict[str, tuple[P.Section, ...]] = {}
+
+    def add(self, path: str, sections: Sequence[P.Section]) -> None:
+        with self._lock:
+            for s in self._files.get(path, ()):
+                if self._where.get(s.key, ("",))[0] == path:
+                    del self._where[s.key]
+            self._files[path] = tuple(sections)
+            for s in sections:
+                self._where[s.key] = (path, s)
+
+    def get(self, key: bytes) -> tuple[str, P.Section] | None:
+        with self._lock:
+            return self._where.get(bytes(key))
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return isinstance(key, bytes) and key in self._where
+
+    def drop(self, keys: Iterable[bytes]) -> None:
+        with self._lock:
+            for key in keys:
+                self._where.pop(bytes(key), None)
+
+    def drop_file(self, path: str) -> None:
+        """Forget a file and every key it holds (it is gone)."""
+        with self._lock:
+            for s in self._files.pop(path, ()):
+                if self._where.get(s.key, ("",))[0] == path:
+                    del self._where[s.key]
+
+    def files(self) -> int:
+        with self._lock:
+            return len(self._files)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._where)
+
+    def rebuild(self, namespace_dir: str, io: ChunkIO) -> tuple[int, int]:
+        """Index every packed file under ``namespace_dir`` from its header; ``(files, bad)``.
+
+        A file whose header fails is left alone here (its keys are not indexed, so no
+        load ever reads it); a section the header itself rejects is not indexed.
+        """
+        files = bad = 0
+        for path in P.iter_packed_files(namespace_dir):
+            try:
+                header = P.read_packed_index(path, io.namespace, io.checksum)
+            except OSError as exc:
+                bad += 1
+                logger.warning("kvchunk fs tier: %s not indexed: %s", path, exc)
+                continue
+            self.add(path, header.sections)
+            files += 1
+        return files, bad
+
+
+_LIVE: weakref.WeakSet[KvchunkFileTierManager] = weakref.WeakSet()
+
+
+def live_tiers() -> list[KvchunkFileTierManager]:
+    """The kvchunk file tiers alive in this process (the conformance lanes read their counters)."""
+    return list(_LIVE)
 
 
 class KvchunkFileTierManager(V.FileSystemTierManager):
     """vLLM's ``FileSystemTierManager`` whose files are checksummed, geometry-namespaced and atomic.
 
-    Lookups, the thread pool, the job bookkeeping and the failed-load handling
-    are vLLM's; :meth:`submit_store` / :meth:`submit_load` call
-    :func:`batch_store_chunks` / :func:`batch_load_chunks` instead of vLLM's
+    Per-chunk layout: lookups, the thread pool, the job bookkeeping and the
+    failed-load handling are vLLM's; :meth:`submit_store` / :meth:`submit_load`
+    call :func:`batch_store_chunks` / :func:`batch_load_chunks` instead of vLLM's
     ``batch_store_block`` / ``batch_load_block``, and vLLM's ``FileMapper``
-    names the files under the geometry namespace directory.
+    names the files under the geometry namespace directory.  Packed layout: one
+    file per store job (:mod:`vllm_adapter.packed_file`), lookups from
+    :class:`PackedIndex`; the thread pool, job bookkeeping and failed-load
+    handling stay vLLM's.
     """
 
     def __init__(
@@ -226,28 +367,35 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         tier_type: str,
         root_dir: str | None = None,
         *,
+        layout: str = DEFAULT_LAYOUT,
         checksum: str = CHECKSUM,
         bad_files: str = "delete",
         fsync: bool = False,
         **kwargs: Any,
     ) -> None:
         check_tier_options(
-            {"root_dir": root_dir, "checksum": checksum, "bad_files": bad_files, "fsync": fsync,
+            {"root_dir": root_dir, "layout": layout, "checksum": checksum,
+             "bad_files": bad_files, "fsync": fsync,
              **{k: v for k, v in kwargs.items() if k in ("n_read_threads", "n_write_threads")}}
         )
         assert root_dir is not None
         assert primary_kv_view.strides is not None
-        fields = geometry(offloading_spec, int(primary_kv_view.strides[0]))
+        root_dir = usable_root(root_dir)
+        fields = geometry(offloading_spec, int(primary_kv_view.strides[0]), layout=layout,
+                          checksum=checksum)
         namespace = namespace_digest(fields)
-        self.namespace_dir = os.path.join(root_dir, f"kvchunk-v{FORMAT_VERSION}-{namespace.hex()}")
+        version = FORMAT_VERSION if layout == "per_chunk" else P.FORMAT_VERSION
+        self.namespace_dir = os.path.join(root_dir, f"kvchunk-v{version}-{namespace.hex()}")
         """``<root_dir>/kvchunk-v<version>-<digest>``: this geometry's files, and only them."""
         super().__init__(
             offloading_spec, primary_kv_view, tier_type, root_dir=self.namespace_dir, **kwargs
         )
+        self.layout = layout
         self.geometry = fields
         self.counters = TierCounters()
         self.io = ChunkIO(
             namespace=namespace,
+            checksum=checksum,
             o_direct=bool(self._use_o_direct),
             fsync=fsync,
             bad_files=bad_files,
@@ -255,11 +403,19 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
             counters=self.counters,
         )
         _write_json_once(os.path.join(self.namespace_dir, GEOMETRY_FILE), fields)
+        self.index = PackedIndex()
+        """Packed layout: key -> (file, section), rebuilt from the headers here."""
+        if layout == "packed":
+            files, bad = self.index.rebuild(self.namespace_dir, self.io)
+            if files or bad:
+                logger.info("kvchunk fs tier: indexed %d packed files (%d keys, %d bad) in %s",
+                            files, len(self.index), bad, self.namespace_dir)
         self.sweeper = threading.Thread(
             target=self._sweep, name="kvchunk-fs-sweep", daemon=True
         )
         """Removes the temporary files dead writers left in this namespace, once, at start."""
         self.sweeper.start()
+        _LIVE.add(self)
 
     def _sweep(self) -> None:
         try:
@@ -271,11 +427,23 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         keys = list(keys)
         return [self.file_mapper.get_file_name(k) for k in keys], [key_digest(k) for k in keys]
 
+    def lookup(self, key: Any, req_context: Any) -> Any:
+        if self.layout == "per_chunk":
+            return super().lookup(key, req_context)
+        return V.LookupResult.HIT if bytes(key) in self.index else V.LookupResult.MISS
+
     def submit_store(self, job_metadata: Any) -> None:
         keys = list(job_metadata.keys)
         V.fs_tier_track_store(self, job_metadata)
-        paths, ids = self._paths(keys)
         offsets = [int(cid) * self._block_size for cid in job_metadata.chunk_ids]
+        task = (self._packed_store_task if self.layout == "packed" else self._store_task)(
+            keys, offsets
+        )
+        self._job_block_counts[job_metadata.job_id] = len(keys)
+        self._pool.enqueue_store(job_metadata.job_id, 1, [task])
+
+    def _store_task(self, keys: list[Any], offsets: list[int]) -> Any:
+        paths, ids = self._paths(keys)
 
         def store_task() -> None:
             try:
@@ -285,21 +453,49 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
                 self.counters.add(store_failures=1)
                 raise
 
-        self._job_block_counts[job_metadata.job_id] = len(keys)
-        self._pool.enqueue_store(job_metadata.job_id, 1, [store_task])
+        return store_task
+
+    def _packed_store_task(self, keys: list[Any], offsets: list[int]) -> Any:
+        new = [(bytes(k), off) for k, off in zip(keys, offsets, strict=True)
+               if bytes(k) not in self.index]
+
+        def store_task() -> None:
+            if not new:
+                return
+            new_keys = [k for k, _ in new]
+            path = P.packed_name(self.namespace_dir, new_keys)
+            try:
+                sections = store_packed_file(
+                    path, new_keys, self._primary_kv_view, [off for _, off in new],
+                    self._block_size, self.io,
+                )
+            except OSError:
+                self.counters.add(store_failures=1)
+                raise
+            self.index.add(path, sections)
+
+        return store_task
 
     def submit_load(self, job_metadata: Any) -> None:
         job_id = job_metadata.job_id
         keys = list(job_metadata.keys)
         self._load_job_keys[job_id] = keys
         self._job_block_counts[job_id] = len(keys)
-        paths, ids = self._paths(keys)
         offsets = [int(cid) * self._block_size for cid in job_metadata.chunk_ids]
+        if self.layout == "packed":
+            def load() -> None:
+                load_packed_files(self.index, keys, self._primary_kv_view, offsets,
+                                  self._block_size, self.io)
+        else:
+            paths, ids = self._paths(keys)
+
+            def load() -> None:
+                batch_load_chunks(paths, ids, self._primary_kv_view, offsets, self._block_size,
+                                  self.io)
 
         def load_task() -> None:
             try:
-                batch_load_chunks(paths, ids, self._primary_kv_view, offsets, self._block_size,
-                                  self.io)
+                load()
             except OSError as exc:
                 # Written before the pool publishes the job (as vLLM's tier does).
                 self._load_progress[job_id] = int(getattr(exc, "num_succeeded", 0))
@@ -307,6 +503,52 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
                 raise
 
         self._pool.enqueue_load(job_id, 1, [load_task])
+
+
+def store_packed_file(
+    path: str, keys: Sequence[bytes], view: memoryview, offsets: Sequence[int], size: int,
+    io: ChunkIO,
+) -> tuple[P.Section, ...]:
+    """One packed file of a store job's keys (region rows at ``offsets``); the sections written."""
+    sections = P.store_packed(path, keys, _slices(view, offsets, size), io)
+    io.counters.add(files_stored=1, sections_stored=len(sections))
+    io.counters.per_group("sections_stored_per_group", [s.group for s in sections])
+    return sections
+
+
+def load_packed_files(
+    index: PackedIndex, keys: Sequence[Any], view: memoryview, offsets: Sequence[int], size: int,
+    io: ChunkIO,
+) -> None:
+    """Load a job's keys from the packed files the index names, each file opened once.
+
+    On failure raises an ``OSError`` carrying ``num_succeeded`` (the keys before
+    the first failed one, in job order, as vLLM's ``batch_load_block``); every
+    failed key leaves the index, and the job's other files are still read (a
+    bad section is found once, not by every later request).
+    """
+    by_file: dict[str, list[tuple[bytes, memoryview]]] = {}
+    failed: dict[bytes, str] = {}
+    rows = _slices(view, offsets, size)
+    for key, dest in zip(keys, rows, strict=True):
+        where = index.get(bytes(key))
+        if where is None:
+            failed[bytes(key)] = "not indexed"
+            continue
+        by_file.setdefault(where[0], []).append((bytes(key), dest))
+    for path, wants in by_file.items():
+        failures = P.load_packed(path, wants, io)
+        if P.WHOLE_FILE & set(failures.values()):
+            index.drop_file(path)
+        failed.update(failures)
+    if not failed:
+        return
+    index.drop(failed)
+    first = next(i for i, k in enumerate(keys) if bytes(k) in failed)
+    why = failed[bytes(keys[first])]
+    exc = ChunkFileError(str(next(iter(by_file), "")), f"packed section: {why}")
+    exc.num_succeeded = first  # type: ignore[attr-defined]
+    raise exc
 
 
 def _write_json_once(path: str, data: Mapping[str, Any]) -> None:
@@ -331,7 +573,8 @@ def kvchunk_tier_configs(configs: Any) -> list[Any]:
             )
         if cfg.get("type") in ("fs", names.KVCHUNK_FS_TIER):
             check_tier_options(cfg, i)
-            cfg = {**cfg, "type": names.KVCHUNK_FS_TIER}
+            cfg = {**cfg, "type": names.KVCHUNK_FS_TIER,
+                   "root_dir": usable_root(cfg["root_dir"], i)}
         out.append(cfg)
     return out
 
@@ -345,10 +588,14 @@ class KvchunkTieringOffloadingSpec(ReferenceTieringOffloadingSpec):
     def __init__(self, config: Any) -> None:
         extra = config.extra_config
         cpu_bytes = extra.get("cpu_bytes_to_use")
-        if isinstance(cpu_bytes, bool) or not isinstance(cpu_bytes, int | str) or not cpu_bytes:
+        try:
+            ok = _count("cpu_bytes_to_use", cpu_bytes) > 0
+        except ValueError:
+            ok = False
+        if not ok:
             raise ValueError(
                 "'cpu_bytes_to_use' in kv_connector_extra_config must be the CPU tier's size "
-                f"in bytes, e.g. {64 << 30} (64 GiB), got {cpu_bytes!r}"
+                f"in bytes, a positive integer, e.g. {64 << 30} (64 GiB), got {cpu_bytes!r}"
             )
         kvchunk_tier_configs(extra.get("secondary_tiers", []))  # a bad tier fails before any I/O
         super().__init__(config)

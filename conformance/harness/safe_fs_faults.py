@@ -32,16 +32,19 @@ from conformance.harness import spec_option
 from conformance.harness import tiered as T
 from conformance.protocol.trace import RequestSpec
 from vllm_adapter import names
+from vllm_adapter import packed_file as P
 from vllm_adapter import safe_fs as S
 
 __all__ = [
     "FAULTS",
     "ChunkProbe",
+    "PackedProbe",
     "chosen_has_kvchunk_tier",
     "damage",
     "file_bytes",
     "kill_mid_write",
     "kvchunk_tiering_spec",
+    "packed_files",
     "probe_for",
     "serve_again",
     "tier_of",
@@ -179,3 +182,62 @@ def probe_for(kvchunk_tier: bool) -> T.FileProbe:
 def file_bytes(kvchunk_tier: bool, row: int) -> int:
     """A whole file of the tier for a ``row``-byte CPU-tier row (kvchunk's adds its header)."""
     return row + (S.HEADER_SIZE if kvchunk_tier else 0)
+
+
+class PackedProbe(T.FileProbe):
+    """:class:`~conformance.harness.tiered.FileProbe`'s counts on kvchunk's packed tier.
+
+    Wraps :func:`vllm_adapter.safe_fs.store_packed_file` (one call per file written)
+    and :func:`~vllm_adapter.safe_fs.load_packed_files` (one call per load job); a
+    loaded key is recorded as a name of its group (``packed_g<group>/<key>.bin``), so
+    ``read_per_group`` counts sections read per group.  ``files_written`` counts files.
+    """
+
+    files_written: int = 0
+
+    def install(
+        self,
+        monkeypatch: Any,
+        module: Any = S,
+        store_name: str = "store_packed_file",
+        load_name: str = "load_packed_files",
+    ) -> Self:
+        real_store, real_load = getattr(module, store_name), getattr(module, load_name)
+
+        def names_of(keys: Sequence[bytes]) -> list[str]:
+            return [f"packed_g{P.group_of_key(k)}/{bytes(k).hex()}.bin" for k in keys]
+
+        def store(path: str, *args: Any, **kwargs: Any) -> Any:
+            try:
+                out = (self.store or real_store)(path, *args, **kwargs)
+            except OSError as exc:
+                with self._lock:
+                    self.store_failures.append(f"{type(exc).__name__}: {exc}")
+                raise
+            with self._lock:
+                self.files_written += 1
+            return out
+
+        def load(index: Any, keys: Sequence[bytes], *args: Any, **kwargs: Any) -> None:
+            paths = names_of(keys)
+            try:
+                if self.before_load is not None:
+                    self.before_load(list(paths))
+                real_load(index, keys, *args, **kwargs)
+            except OSError as exc:
+                done = int(getattr(exc, "num_succeeded", 0))
+                with self._lock:
+                    self.loaded.extend(paths[:done])
+                    self.load_failures.append(f"{type(exc).__name__}: {exc}")
+                raise
+            with self._lock:
+                self.loaded.extend(paths)
+
+        monkeypatch.setattr(module, store_name, store)
+        monkeypatch.setattr(module, load_name, load)
+        return self
+
+
+def packed_files(root: Path) -> list[Path]:
+    """Every packed file under ``root`` (any namespace)."""
+    return sorted(root.rglob(f"*{P.PACKED_SUFFIX}"))

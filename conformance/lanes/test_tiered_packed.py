@@ -1,0 +1,174 @@
+"""Faults lane, tiered, packed layout: kvchunk's file tier writing one file per store job.
+
+The same small synthetic full-attention model and round trip as
+``conformance/lanes/test_tiered_faults.py`` (two 200-token prompts stored, GPU cache
+and CPU tier reset, the CPU region poisoned, the prompts asked again), with
+:class:`vllm_adapter.safe_fs.KvchunkTieringOffloadingSpec` and ``"layout": "packed"``
+(:mod:`vllm_adapter.packed_file`).  Whatever the fault, a load fails cleanly and its
+tokens are recomputed, never served wrong, and the engine does not crash; then a third
+round is served from files without a failure (the failed sections left the index and
+their recomputed chunks were stored again).
+
+* every file fault of the per-chunk cases (``missing``, ``truncated``, ``flipped``,
+  ``bitrot``, ``extended``, ``swapped``);
+* the packed layout's own bad input: a torn index, a section pointing past the end,
+  two sections claiming one key, a header of another format version
+  (:mod:`conformance.harness.packed_faults`);
+* a restart: a second engine over the root rebuilds its index from the headers and
+  is served from the first engine's files; a full disk: the store fails cleanly.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from conformance.harness import driver as D  # noqa: E402
+from conformance.harness import packed_faults as PF  # noqa: E402
+from conformance.harness import safe_fs_faults as SF  # noqa: E402
+from conformance.harness import tiered as T  # noqa: E402
+from conformance.protocol.trace import RequestSpec  # noqa: E402
+from vllm_adapter import safe_fs as S  # noqa: E402
+
+pytestmark = pytest.mark.faults
+
+NUM_GPU_BLOCKS = 64
+PROMPT_LEN = 200
+
+
+def _driver(root: Path, num_cpu_chunks: int = 8) -> Any:
+    kvc = D.full_attention_kv_cache_config(block_size=16, num_blocks=NUM_GPU_BLOCKS)
+    extra = {
+        **SF.kvchunk_tiering_spec(root, layout="packed"),
+        "blocks_per_chunk": 2,
+        "num_cpu_chunks": num_cpu_chunks,
+    }
+    return D.VllmDriver.from_kv_cache_config(
+        kvc, extra_config=extra, prefix_cache_retention_interval=0,
+        num_gpu_blocks=NUM_GPU_BLOCKS, num_cpu_chunks=num_cpu_chunks,
+    )
+
+
+def _damaged_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, record_property: Any, damage: Any
+) -> None:
+    probe = SF.PackedProbe().install(monkeypatch)
+    seen: dict[str, Any] = {}
+
+    def serve_again(session: Any) -> None:
+        tier = SF.tier_of(session)
+        seen["damaged"] = (len(probe.loaded), len(probe.load_failures), tier.counters.bad_paths())
+        SF.serve_again(session, PROMPT_LEN)
+        seen["tier"] = tier
+
+    session, runner = T.open_session(_driver(tmp_path), 128)
+    try:
+        rt = T.run_round_trip(session, runner, probe, tmp_path, prompt_len=PROMPT_LEN,
+                              between=lambda: damage(SF.packed_files(tmp_path)))
+        files = len(SF.packed_files(tmp_path))
+        serve_again(session)
+    finally:
+        T.shutdown(session)
+    stats = runner.stats
+    read, failed, _ = seen["damaged"]
+    counters = seen["tier"].counters
+    summary = (f"{stats.describe()}; packed files written {probe.files_written}; loads "
+               f"{len(probe.loaded)} ({read} in the damaged round); load failures "
+               f"{probe.load_failures[:2]}; store failures {probe.store_failures[:2]}; {counters}")
+    record_property("counter:files_written", probe.files_written)
+    record_property("counter:tier_failed_loads", len(probe.load_failures))
+    record_property("counter:tier_wrong_loads", stats.corrupted_loads)
+    assert all(rt.finished.values()), f"requests left unfinished: {rt.finished}; {summary}"
+    assert stats.corrupted_loads == 0 and stats.foreign_bytes_changed == 0, f"wrong bytes: {summary}"
+    assert probe.files_written > 0 and files > 0, f"nothing reached the files: {summary}"
+    assert failed > 0, f"no load failed on damaged files: {summary}"
+    assert len(probe.load_failures) == failed, f"a load failed after the recompute: {summary}"
+    assert len(probe.loaded) > read, f"the third round was not served from files: {summary}"
+
+
+@pytest.mark.parametrize("how", SF.FAULTS)
+def test_packed_file_fault_is_recomputed_never_served(
+    how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, record_property: Any
+) -> None:
+    record_property("fixture", "synthetic-full")
+    record_property("knob", f"blocks_per_chunk=2, kvchunk packed fs tier, file {how}")
+    _damaged_round(tmp_path, monkeypatch, record_property, lambda paths: SF.damage(paths, how))
+
+
+@pytest.mark.parametrize("how", PF.INDEX_FAULTS)
+def test_packed_index_fault_fails_only_its_keys(
+    how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, record_property: Any
+) -> None:
+    record_property("fixture", "synthetic-full")
+    record_property("knob", f"blocks_per_chunk=2, kvchunk packed fs tier, {how}")
+    _damaged_round(tmp_path, monkeypatch, record_property,
+                   lambda paths: PF.damage_index(paths, how))
+
+
+RESTART_PROMPT = tuple(range(1000, 1000 + PROMPT_LEN))
+
+
+def test_packed_restart_rebuilds_the_index_and_serves_from_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, record_property: Any
+) -> None:
+    record_property("fixture", "synthetic-full")
+    record_property("knob", "kvchunk packed fs tier, restart over the same root")
+    first, _ = T.open_session(_driver(tmp_path, num_cpu_chunks=16), 128)
+    try:
+        first.add_request(RequestSpec("a", RESTART_PROMPT, max_tokens=2))
+        T.run_until_idle(first)
+        T.drain_files(first)
+        stored = len(SF.tier_of(first).index)
+    finally:
+        T.shutdown(first)
+    files = SF.packed_files(tmp_path)
+    probe = SF.PackedProbe().install(monkeypatch)
+    second, runner = T.open_session(_driver(tmp_path, num_cpu_chunks=16), 128)
+    try:
+        rebuilt = len(SF.tier_of(second).index)
+        second.add_request(RequestSpec("a2", RESTART_PROMPT, max_tokens=2))
+        T.run_until_idle(second)
+        T.drain_files(second)
+    finally:
+        T.shutdown(second)
+    stats = runner.stats
+    summary = f"{stats.describe()}; {len(files)} files, {stored} keys; rebuilt {rebuilt}"
+    assert files and stored > 0, summary
+    assert rebuilt == stored, f"the restarted tier did not index every stored key: {summary}"
+    assert len(probe.loaded) == stored and not probe.load_failures, summary
+    assert stats.corrupted_loads == 0 and stats.loaded_blocks_checked > 0, summary
+    assert probe.files_written == 0, f"the restarted engine rewrote what it loaded: {summary}"
+
+
+def test_packed_full_disk_drops_the_store_cleanly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, record_property: Any
+) -> None:
+    import resource
+
+    record_property("fixture", "synthetic-full")
+    record_property("knob", "kvchunk packed fs tier, RLIMIT_FSIZE below one file")
+    probe = SF.PackedProbe().install(monkeypatch)
+    session, runner = T.open_session(_driver(tmp_path), 128)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, old[1]))
+    try:
+        rt = T.run_round_trip(session, runner, probe, tmp_path, prompt_len=PROMPT_LEN)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old)
+        signal.signal(signal.SIGXFSZ, old_handler)
+        T.shutdown(session)
+    stats = rt.stats
+    summary = f"{stats.describe()}; store failures {probe.store_failures[:2]}"
+    assert probe.store_failures, f"no store failed under the size limit: {summary}"
+    assert not probe.loaded and not probe.load_failures, f"a refused store was loaded: {summary}"
+    assert stats.corrupted_loads == 0 and all(rt.finished.values()), summary
+    leftovers = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".tmp", ".kvp")]
+    assert not leftovers, f"a failed store left files: {leftovers[:3]}"
+    assert not S.live_tiers() or all(len(t.index) == 0 for t in S.live_tiers()
+                                     if str(t.namespace_dir).startswith(str(tmp_path)))

@@ -1,0 +1,193 @@
+"""The packed file (vllm_adapter.packed_file): the layout of reference.packed, its checks, what a bad file fails.
+
+The engine-level cases (the packed tier under vLLM's tiering manager: damaged
+files, restarts, two engines) are the tiered faults lane's; these pin the format:
+a store job's keys are sections of one file, page-aligned, each with its own
+checksum; a load opens the file once and reads adjacent sections in one call; a
+bad header fails every key, a bad section only its own.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from conformance.harness import packed_faults as PF
+from reference import packed as R
+from vllm_adapter import chunk_file as C
+from vllm_adapter import packed_file as P
+
+NS = bytes(range(16))
+ROW = 2 * R.PAGE
+
+
+def _key(n: int, group: int) -> bytes:
+    return bytes([n]) * 32 + group.to_bytes(4, "big")
+
+
+KEYS = [_key(1, 0), _key(1, 1), _key(2, 0), _key(2, 1)]
+
+
+def _payloads(n: int = len(KEYS), size: int = ROW) -> list[memoryview]:
+    return [memoryview(bytearray(os.urandom(size))) for _ in range(n)]
+
+
+def _io(**kw: object) -> C.ChunkIO:
+    return C.ChunkIO(namespace=NS, counters=C.TierCounters(), **kw)  # type: ignore[arg-type]
+
+
+def _store(tmp_path: Path, keys: list[bytes] = KEYS, size: int = ROW) -> tuple[str, list[bytes]]:
+    payloads = _payloads(len(keys), size)
+    path = str(tmp_path / "f.kvp")
+    P.store_packed(path, keys, payloads, _io())
+    return path, [bytes(p) for p in payloads]
+
+
+def _load(path: str, keys: list[bytes], io: C.ChunkIO, size: int = ROW) -> tuple[dict[bytes, str], dict[bytes, bytes]]:
+    dests = {k: memoryview(bytearray(size)) for k in keys}
+    failed = P.load_packed(path, list(dests.items()), io)
+    return failed, {k: bytes(d) for k, d in dests.items()}
+
+
+def test_one_file_holds_every_key_page_aligned_and_sized_as_the_reference_says(tmp_path: Path) -> None:
+    path, data = _store(tmp_path)
+    # By hand: 4 entries of 38 + 36 bytes after a 56-byte fixed part fit one page;
+    # then 4 sections of 2 pages each.
+    assert os.path.getsize(path) == R.PAGE + 4 * ROW == R.packed_file_bytes([ROW] * 4, [36] * 4)
+    header = P.read_packed_index(path, NS, C.CHECKSUM)
+    assert [s.key for s in header.sections] == KEYS
+    assert [s.group for s in header.sections] == [0, 1, 0, 1]
+    assert [s.offset for s in header.sections] == [R.PAGE + i * ROW for i in range(4)]
+    raw = Path(path).read_bytes()
+    for s, payload in zip(header.sections, data, strict=True):
+        assert raw[s.offset : s.offset + s.length] == payload
+    assert [p.name for p in tmp_path.iterdir()] == ["f.kvp"], "a temporary file was left"
+
+
+def test_a_load_opens_the_file_once_and_reads_adjacent_sections_in_one_call(tmp_path: Path) -> None:
+    path, data = _store(tmp_path)
+    io = _io()
+    failed, got = _load(path, [KEYS[1], KEYS[2]], io)
+    assert not failed and got == {KEYS[1]: data[1], KEYS[2]: data[2]}
+    assert (io.counters.files_opened, io.counters.reads, io.counters.sections_loaded) == (1, 1, 2)
+    io = _io()
+    failed, got = _load(path, [KEYS[3], KEYS[0]], io)
+    assert not failed and got == {KEYS[0]: data[0], KEYS[3]: data[3]}
+    assert (io.counters.files_opened, io.counters.reads) == (1, 2), "sections 0 and 3 are not adjacent"
+    assert io.counters.sections_loaded_per_group == {0: 1, 1: 1}
+
+
+def test_a_section_not_a_page_multiple_is_padded_and_round_trips(tmp_path: Path) -> None:
+    size = R.PAGE + 100
+    path, data = _store(tmp_path, KEYS[:2], size)
+    assert os.path.getsize(path) == R.PAGE + 2 * 2 * R.PAGE
+    failed, got = _load(path, KEYS[:2], _io(), size)
+    assert not failed and list(got.values()) == data
+
+
+def test_a_damaged_section_fails_only_its_key(tmp_path: Path) -> None:
+    path, data = _store(tmp_path)
+    header = P.read_packed_index(path)
+    raw = bytearray(Path(path).read_bytes())
+    raw[header.sections[2].offset + 7] ^= 1
+    Path(path).write_bytes(raw)
+    io = _io()
+    failed, got = _load(path, KEYS, io)
+    assert failed == {KEYS[2]: "checksum"}
+    assert [got[k] == d for k, d in zip(KEYS, data, strict=True)] == [True, True, False, True]
+    assert io.counters.bad_sections == 1 and os.path.exists(path), "the other sections still serve"
+
+
+def test_a_torn_index_fails_every_key_and_the_file_is_removed(tmp_path: Path) -> None:
+    path, _ = _store(tmp_path)
+    PF.damage_index([Path(path)], "torn-index")  # an index byte: the header digest breaks
+    io = _io()
+    failed, _ = _load(path, [KEYS[0], KEYS[3]], io)
+    assert failed == {KEYS[0]: "header", KEYS[3]: "header"}
+    assert not os.path.exists(path), "a file whose header fails is deleted (bad_files: delete)"
+    assert io.counters.bad_files == {"header": 1}
+
+
+def test_a_header_of_another_format_version_fails_every_key(tmp_path: Path) -> None:
+    path, _ = _store(tmp_path)
+    PF.damage_index([Path(path)], "other-version")
+    failed, _ = _load(path, KEYS[:2], _io(bad_files="quarantine", quarantine_dir=str(tmp_path / "q")))
+    assert failed == {KEYS[0]: "version", KEYS[1]: "version"}
+    assert len(os.listdir(tmp_path / "q")) == 1, "quarantine keeps the bad file aside"
+
+
+def test_a_section_past_the_end_fails_only_its_key(tmp_path: Path) -> None:
+    path, data = _store(tmp_path)
+    PF.damage_index([Path(path)], "section-past-end")  # the last section
+    failed, got = _load(path, KEYS, _io())
+    assert failed == {KEYS[3]: "bounds"}
+    assert [got[k] for k in KEYS[:3]] == data[:3]
+
+
+@pytest.mark.parametrize("change", [-R.PAGE, R.PAGE], ids=["truncated", "extended"])
+def test_a_truncated_or_extended_file_fails_every_key(tmp_path: Path, change: int) -> None:
+    path, _ = _store(tmp_path)
+    os.truncate(path, os.path.getsize(path) + change)
+    failed, _ = _load(path, KEYS[:2], _io())
+    assert failed == {KEYS[0]: "size", KEYS[1]: "size"}
+    assert not os.path.exists(path)
+
+
+def test_two_sections_claiming_one_key_fail_that_key_alone(tmp_path: Path) -> None:
+    path, data = _store(tmp_path)
+    PF.damage_index([Path(path)], "duplicate-key")  # section 1 claims key 0 too
+    failed, got = _load(path, [KEYS[0], KEYS[2], KEYS[3]], _io())
+    assert failed == {KEYS[0]: "duplicate"}
+    assert got[KEYS[2]] == data[2] and got[KEYS[3]] == data[3]
+
+
+def test_another_namespace_or_checksum_fails_every_key(tmp_path: Path) -> None:
+    path, _ = _store(tmp_path)
+    failed, _ = _load(path, KEYS[:1], C.ChunkIO(namespace=bytes(16), counters=C.TierCounters(),
+                                                  bad_files="quarantine",
+                                                  quarantine_dir=str(tmp_path / "q")))
+    assert failed == {KEYS[0]: "namespace"}
+    path, _ = _store(tmp_path / "b")
+    failed, _ = _load(path, KEYS[:1], _io(checksum="blake3", bad_files="quarantine",
+                                          quarantine_dir=str(tmp_path / "q")))
+    assert failed == {KEYS[0]: "checksum-algorithm"}
+
+
+def test_a_section_whose_length_differs_from_the_row_fails(tmp_path: Path) -> None:
+    path, _ = _store(tmp_path)
+    failed, _ = _load(path, KEYS[:1], _io(), size=ROW + R.PAGE)
+    assert failed == {KEYS[0]: "length"}
+
+
+def test_a_missing_file_fails_its_keys_without_counting_a_bad_file(tmp_path: Path) -> None:
+    io = _io()
+    failed, _ = _load(str(tmp_path / "gone.kvp"), KEYS[:2], io)
+    assert failed == {KEYS[0]: P.MISSING, KEYS[1]: P.MISSING} and not io.counters.bad_files
+
+
+def test_a_large_job_header_spans_pages_and_every_key_round_trips(tmp_path: Path) -> None:
+    keys = [_key(n, g) for n in range(40) for g in range(3)]  # 120 entries of 74 bytes: 3 pages
+    size = R.PAGE
+    payloads = _payloads(len(keys), size)
+    path = str(tmp_path / "big.kvp")
+    P.store_packed(path, keys, payloads, _io())
+    assert R.header_bytes([36] * 120) == 3 * R.PAGE
+    assert os.path.getsize(path) == 3 * R.PAGE + 120 * R.PAGE
+    failed, got = _load(path, keys, _io(), size)
+    assert not failed and [got[k] for k in keys] == [bytes(p) for p in payloads]
+
+
+@pytest.mark.parametrize("fixed_bytes", [8, 40])
+def test_a_file_shorter_than_a_header_fails_every_key(tmp_path: Path, fixed_bytes: int) -> None:
+    path, _ = _store(tmp_path)
+    os.truncate(path, fixed_bytes)
+    failed, _ = _load(path, KEYS[:1], _io())
+    assert failed[KEYS[0]] in ("size", "header")
+
+
+def test_the_fixed_header_matches_the_reference_sizes() -> None:
+    assert P._FIXED.size + R.DIGEST_BYTES == R.FIXED_HEADER_BYTES
+    assert P._ENTRY.size == R.ENTRY_FIXED_BYTES
+    assert R.read_runs([0, 1, 2, 5]) == 2 and R.read_runs([3]) == 1 and R.read_runs([]) == 0
