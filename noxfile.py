@@ -16,6 +16,7 @@ a quick look) picks the hypothesis profile for ``tests`` and ``conformance``.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -29,7 +30,18 @@ PYTHON = "3.11"
 ROOT = Path(__file__).resolve().parent
 CONSTRAINTS = ROOT / "constraints"
 
-VLLM_VERSIONS = ("0.33.0", "0.34.0")
+
+def _supported_releases() -> tuple[str, ...]:
+    """``vllm_adapter/release_list.py``'s list, loaded by path: nox runs without kvchunk."""
+    path = ROOT / "vllm_adapter" / "release_list.py"
+    spec = importlib.util.spec_from_file_location("_kvchunk_release_list", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return tuple(module.SUPPORTED_RELEASES)
+
+
+VLLM_VERSIONS = _supported_releases()
 """The vLLM releases kvchunk supports, oldest first (the newest is the default)."""
 
 # The extras every development session installs.  One set for all sessions: uv

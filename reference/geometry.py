@@ -121,3 +121,22 @@ class Geometry:
             if g.index == index:
                 return g
         raise KeyError(index)
+
+
+def cpu_row_bytes(
+    worker_kv_bytes_per_block: int, copies: int, blocks_per_chunk: int, alignment: int
+) -> int:
+    """Bytes of one CPU-tier chunk row, which is also one fs-tier chunk file.
+
+    vLLM's ``CPUOffloadingSpec``: a row holds ``blocks_per_chunk`` blocks of every KV-cache
+    group for each of ``copies`` workers (the world size, or 1 for the replicated MLA
+    layout), ``worker_kv_bytes_per_block`` bytes per block per worker, rounded up to
+    ``alignment`` (``CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT``, the host page size).
+    """
+    for name, value in (("worker_kv_bytes_per_block", worker_kv_bytes_per_block),
+                        ("copies", copies), ("blocks_per_chunk", blocks_per_chunk),
+                        ("alignment", alignment)):
+        if value < 1:
+            raise ValueError(f"cpu_row_bytes: {name} must be >= 1, got {value}")
+    raw = worker_kv_bytes_per_block * copies * blocks_per_chunk
+    return -(-raw // alignment) * alignment

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -121,6 +122,21 @@ class Chunking:
 # ---------------------------------------------------------------------------
 
 
+_INTEGER = re.compile(r"\s*\+?[0-9]+\s*", re.ASCII)
+_SIGNED_INTEGER = re.compile(r"\s*[+-]?[0-9]+\s*", re.ASCII)
+
+
+def is_integer_string(text: str, *, signed: bool = False) -> bool:
+    """Whether ``text`` spells an integer the way kvchunk accepts it.
+
+    ASCII digits with optional surrounding whitespace and one leading ``+`` (or
+    ``-`` when ``signed``): ``"64"``, ``" +64 "``.  Not ``"++5"`` (``int()`` raises),
+    nor ``"1_000"``, ``"\u0665"`` (Arabic-Indic five) or ``"\u00b2"``, which
+    ``int()`` or ``str.isdecimal`` partly accept.
+    """
+    return (_SIGNED_INTEGER if signed else _INTEGER).fullmatch(text) is not None
+
+
 def _positive_int(knob: str, value: Any, what: str = "") -> int:
     """An int > 0 from JSON: ints and decimal strings, never bools or floats."""
     label = f"'{knob}'{what}"
@@ -128,15 +144,15 @@ def _positive_int(knob: str, value: Any, what: str = "") -> int:
         raise ValueError(f"{label} must be a positive integer, got the boolean {value!r}.")
     if isinstance(value, int):
         n = value
-    elif isinstance(value, str) and value.strip().lstrip("+").isdecimal():
-        # isdecimal, not isdigit: "²" is a digit that int() refuses.
+    elif isinstance(value, str) and is_integer_string(value):
         # vLLM does int(value), so "64" is accepted there; accept it here too.
         n = int(value.strip())
     elif isinstance(value, float) and value.is_integer():
         n = int(value)
     else:
         raise ValueError(
-            f"{label} must be a positive integer, got {value!r} ({type(value).__name__})."
+            f"{label} must be a positive integer, got {value!r} ({type(value).__name__}); "
+            "write it in digits, for example 16."
         )
     if n <= 0:
         raise ValueError(f"{label} must be greater than 0, got {n}; for example use 1.")
@@ -150,7 +166,7 @@ def _group_index(key: Any, geometry: Geometry) -> int:
         index = None
     elif isinstance(key, int):
         index = key
-    elif isinstance(key, str) and key.strip().isdecimal():
+    elif isinstance(key, str) and key.strip().isascii() and key.strip().isdecimal():
         index = int(key.strip())
     if index is None or index not in valid:
         raise ValueError(

@@ -69,6 +69,20 @@ class Span:
         return (self.low + self.high) / 2
 
 
+MAX_SESSIONS = 10_000
+MAX_TURNS = 1_000
+MAX_PROMPT_TOKENS = 1 << 20
+"""The longest prompt a workload may give (1M tokens: the longest context of the models here)."""
+MAX_TOTAL_PROMPT_TOKENS = 20_000_000
+"""All prompts of a workload together, at the spans' highs (the presets reach at most 2.3M)."""
+CAPS = (
+    f"the caps are sessions <= {MAX_SESSIONS}, turns <= {MAX_TURNS}, prompts <= "
+    f"{MAX_PROMPT_TOKENS} tokens and {MAX_TOTAL_PROMPT_TOKENS} prompt tokens in all, "
+    "so that a run fits in memory; the presets use at most 90 sessions, 20 turns and 52k-token prompts"
+)
+"""Why a workload is refused, in the words of its error (the presets are far below)."""
+
+
 @dataclass(frozen=True)
 class Workload:
     """A stated workload (see the module docstring); every length is in tokens."""
@@ -117,6 +131,56 @@ class Workload:
             raise ValueError(f"workload {self.name!r}: documents need document_tokens >= 1")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"workload {self.name!r}: max_num_batched_tokens must be >= 1")
+        self._check_caps()
+
+    def _check_caps(self) -> None:
+        """:data:`CAPS`: a workload a run can hold in memory, each field named when over."""
+        for name, cap in (("sessions", MAX_SESSIONS), ("turns", MAX_TURNS)):
+            if getattr(self, name) > cap:
+                raise ValueError(
+                    f"workload {self.name!r}: {name} must be <= {cap} ({CAPS}), "
+                    f"got {getattr(self, name)}"
+                )
+        for name in ("system_tokens", "turn_tokens", "output_tokens", "document_tokens"):
+            value = getattr(self, name)
+            longest = value.high if isinstance(value, Span) else value
+            if longest > MAX_PROMPT_TOKENS:
+                raise ValueError(
+                    f"workload {self.name!r}: {name} must be <= {MAX_PROMPT_TOKENS} tokens "
+                    f"({CAPS}), got {longest}"
+                )
+        if self.longest_prompt_bound > MAX_PROMPT_TOKENS:
+            raise ValueError(
+                f"workload {self.name!r}: a prompt can reach {self.longest_prompt_bound} tokens "
+                f"(system_tokens + document_tokens + turns x turn_tokens + (turns - 1) x "
+                f"output_tokens, at their highs), over {MAX_PROMPT_TOKENS} ({CAPS}); "
+                "lower turns or turn_tokens"
+            )
+        if self.total_prompt_bound > MAX_TOTAL_PROMPT_TOKENS:
+            raise ValueError(
+                f"workload {self.name!r}: sessions x the turns' prompts can reach "
+                f"{self.total_prompt_bound} prompt tokens, over {MAX_TOTAL_PROMPT_TOKENS} "
+                f"({CAPS}); lower sessions or turns"
+            )
+
+    @property
+    def longest_prompt_bound(self) -> int:
+        """The longest prompt any draw can give: the last turn's, every span at its high."""
+        return self._prompt_bound(self.turns)
+
+    @property
+    def total_prompt_bound(self) -> int:
+        """Every request's prompt added up, every span at its high."""
+        return self.sessions * sum(self._prompt_bound(t) for t in range(1, self.turns + 1))
+
+    def _prompt_bound(self, turn: int) -> int:
+        """The prompt of turn ``turn`` (counted from 1), every span at its high."""
+        return (
+            self.system_tokens
+            + (self.document_tokens.high if self.documents else 0)
+            + turn * self.turn_tokens.high
+            + (turn - 1) * self.output_tokens.high
+        )
 
     def describe(self) -> str:
         """One line: the shape in numbers."""

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from vllm_adapter.release_list import SUPPORTED_RELEASES
+
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "vllm_adapter" / "models"
 DEFAULT_GPU_BLOCK_SIZE = {"0.33.0": 16, "0.34.0": 64}
@@ -156,6 +158,10 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     vllm = argv[0]
+    if vllm not in SUPPORTED_RELEASES:
+        print(f"vLLM {vllm} is not a supported release ({', '.join(SUPPORTED_RELEASES)})",
+              file=sys.stderr)
+        return 2
     if vllm not in DEFAULT_GPU_BLOCK_SIZE:
         print(f"no default GPU block size recorded for vLLM {vllm}", file=sys.stderr)
         return 2

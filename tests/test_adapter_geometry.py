@@ -28,7 +28,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("vllm")
+from conformance.testing.requires import require_vllm
+
+require_vllm()
 
 import torch  # noqa: E402
 

@@ -470,6 +470,8 @@ def test_gemma_with_the_033_gpu_block_size_is_b16_on_every_release() -> None:
 
 # A chunk longer than --max-model-len: DeepSeek-V4 TP4 (256-token blocks) at 1024 tokens.
 MAX_MODEL_LEN = 1024
+SHORT_WORKLOAD = Path(__file__).parent / "data" / "short-prompts.toml"
+"""Prompts of at most 402 tokens: the CLI refuses a workload longer than --max-model-len."""
 
 
 def dsv4_max_model_len_expected(max_model_len: int) -> tuple[str, int, int, int]:
@@ -499,7 +501,7 @@ def dsv4_max_model_len_expected(max_model_len: int) -> tuple[str, int, int, int]
 def test_a_chunk_longer_than_max_model_len_is_one_line(flag: str, knob: str) -> None:
     group, tpb, largest, above = dsv4_max_model_len_expected(MAX_MODEL_LEN)
     unit = tpb if knob == "block_size" else 1
-    flags = [*DSV4, "--max-model-len", str(MAX_MODEL_LEN)]
+    flags = [*DSV4, "--max-model-len", str(MAX_MODEL_LEN), "--workload", str(SHORT_WORKLOAD)]
     # The largest valid value runs (here its chunk is exactly max_model_len long) ...
     d = doc([*flags, flag, str(largest * unit)])
     assert d["engine"]["max_model_len"] == MAX_MODEL_LEN
@@ -518,7 +520,8 @@ def test_a_chunk_longer_than_max_model_len_is_one_line(flag: str, knob: str) -> 
 def test_dsv4_block_size_2048_at_max_model_len_1024() -> None:
     """The issue's case: 2048-token chunks, 1024-token requests."""
     group, tpb, largest, _ = dsv4_max_model_len_expected(1024)
-    rc, out, err = run([*DSV4, "--max-model-len", "1024", "--block-size", "2048"])
+    rc, out, err = run([*DSV4, "--max-model-len", "1024", "--block-size", "2048",
+                        "--workload", str(SHORT_WORKLOAD)])
     assert_one_line_error(rc, out, err, f"--block-size: 'block_size'=2048 gives {group} chunks "
                                         "of 2048 tokens")
     assert f"The largest valid 'block_size' is {largest * tpb} " in err, err
@@ -587,39 +590,33 @@ def test_random_argv_prints_or_fails_with_one_line(argv: list[str]) -> None:
 @needs_vllm
 @pytest.mark.parametrize("blocks", [1, 8])
 @pytest.mark.parametrize("model", sorted(MODELS_512))
-def test_files_per_million_tokens_follow_the_fixture_geometry(model: str, blocks: int) -> None:
-    from vllm_adapter import fixtures as fx
-
+def test_file_bytes_follow_the_fixture_geometry_and_no_closed_form_count(
+    model: str, blocks: int
+) -> None:
     flags, fixture, _, _ = models_512(model)
     d = doc([*flags, "--blocks-per-chunk", str(blocks), "--cpu-bytes", str(CPU_BYTES)])
-    stored = fx.load_fixture(fixture)["resolved"]["groups"]
-    # One file per chunk per group: a group whose chunk holds tokens_per_block x B tokens
-    # writes 10**6 / (tokens_per_block x B) files per million tokens.
-    expected = [1e6 / (g["tokens_per_block"] * blocks) for g in stored]
-    got = [g["files_per_million_tokens"] for g in d["groups"]]
-    assert got == pytest.approx(expected, abs=0.01)
-    assert d["files"]["files_per_million_tokens"] == pytest.approx(sum(expected), abs=0.01)
     # Each file is one CPU slot: copies x bytes per block x B, rounded up to 4 KiB.
     copies = 1 if model == "dsv4" else 2
     raw = copies * fixture_bytes_per_block(fixture) * blocks
     assert d["files"]["file_bytes"] == -(-raw // 4096) * 4096
     assert d["files"]["fs_tier"] is None
+    # One disk answer (issue #26): the workload's counts, not 1e6 / tokens_per_chunk.
+    assert "files_per_million_tokens" not in d["files"]
+    assert all("files_per_million_tokens" not in g for g in d["groups"])
     rc, out, err = run([*flags, "--blocks-per-chunk", str(blocks)])
-    assert rc == 0 and "files per million tokens" in out and "files/1M tokens" in out, err
+    assert rc == 0, err
+    assert "files per million tokens" not in out and "files/1M tokens" not in out
 
 
 @pytest.mark.vllm
 @needs_vllm
-def test_chunk_bytes_states_the_files_of_the_chosen_knob() -> None:
-    from vllm_adapter import fixtures as fx
-
+def test_chunk_bytes_states_the_file_size_of_the_chosen_knob() -> None:
     d = doc([*DSV4, "--chunk-bytes", "8MiB"])
     per_block = fixture_bytes_per_block("deepseek-v4-flash-tp4")
     blocks = -(-(8 << 20) // per_block)  # the smallest B reaching 8 MiB per worker
     assert d["knob"]["blocks_per_chunk"] == blocks
-    stored = fx.load_fixture("deepseek-v4-flash-tp4")["resolved"]["groups"]
-    total = sum(1e6 / (g["tokens_per_block"] * blocks) for g in stored)
-    assert d["files"]["files_per_million_tokens"] == pytest.approx(total, abs=0.01)
+    # DeepSeek-V4's MLA cache: one copy for all ranks, rounded up to 4 KiB.
+    assert d["files"]["file_bytes"] == -(-per_block * blocks // 4096) * 4096
 
 
 @pytest.mark.vllm
@@ -726,11 +723,31 @@ def assert_traffic_is(traffic: dict[str, Any], e: Any, file_bytes: dict[int, int
     for got, want in zip(traffic["groups"], e.groups, strict=True):
         assert got["files_written_per_million"] == pytest.approx(e.per_million(want.files_written))
         assert got["files_read_per_million"] == pytest.approx(e.per_million(want.files_read))
+        assert got["files_read_once_per_million"] == pytest.approx(
+            e.per_million(want.files_read_once)
+        )
         assert got["bytes_written_per_million"] == pytest.approx(
             e.per_million(want.files_written * file_bytes[want.index])
         )
     assert traffic["files_written_per_million"] == pytest.approx(e.per_million(e.files_written))
     assert traffic["files_read_per_million"] == pytest.approx(e.per_million(e.files_read))
+    assert traffic["files_read_once_per_million"] == pytest.approx(e.per_million(e.files_read_once))
+    # Both layouts side by side: per chunk (the figures above), then packed per store job.
+    per_chunk, packed = traffic["layouts"]
+    assert (per_chunk["layout"], packed["layout"]) == ("per_chunk", "packed")
+    assert per_chunk["files_written_per_million"] == traffic["files_written_per_million"]
+    assert per_chunk["file_opens_per_million"] == pytest.approx(traffic["files_read_per_million"])
+    assert per_chunk["bytes_written_per_million"] == pytest.approx(
+        traffic["bytes_written_per_million"])
+    for got, want in ((packed, e.packed), (traffic["packed_per_request"], e.packed_per_request)):
+        assert got["files_written_per_million"] == pytest.approx(e.per_million(want.files_written))
+        assert got["sections_written_per_million"] == pytest.approx(
+            traffic["files_written_per_million"])
+        assert got["file_opens_once_per_million"] == pytest.approx(
+            e.per_million(want.file_opens_once))
+        assert got["sections_read_once_per_million"] == pytest.approx(
+            traffic["files_read_once_per_million"])
+        assert got["file_opens_per_million"] <= per_chunk["file_opens_per_million"]
     assert traffic["recomputed_tail_per_million"] == pytest.approx(
         e.per_million(e.recomputed_tail_tokens)
     )
@@ -765,6 +782,43 @@ def test_files_per_million_are_reference_economics(model: str, retention: int | 
         files = e.per_million(e.files_written)
         expected = files * max(m.file_latency_s / m.concurrency, slot / m.bandwidth_bps)
         assert row["write_seconds_per_million"] == pytest.approx(expected)
+    # Packed: each file priced with its own bytes (a header page-rounded plus its sections).
+    packed = d["traffic"]["layouts"][1]
+    sizes = e.packed.written_sizes({g.index: slot for g in e.groups})
+    assert all(size > slot for size, _ in sizes)
+    for row, m in zip(packed["disk"], FS_MODELS, strict=True):
+        expected = sum(
+            e.per_million(n) * max(m.file_latency_s / m.concurrency, size / m.bandwidth_bps)
+            for size, n in sizes
+        )
+        assert row["write_seconds_per_million"] == pytest.approx(expected)
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_dsv4_chat_prints_both_layouts_and_packing_writes_a_quarter_of_the_files() -> None:
+    """Issue #24's target: DeepSeek-V4 TP4, block_size 512, chat -- at most 790 packed files
+    per million prompt tokens, from 3,153 per chunk; every format carries the same numbers."""
+    argv = ["--model", str(MODELS / "DeepSeek-V4-Flash"), "--tensor-parallel-size", "4",
+            "--block-size", "512", "--workload", "chat"]
+    d = doc(argv)
+    per_chunk, packed = d["traffic"]["layouts"]
+    assert round(per_chunk["files_written_per_million"]) == 3153
+    assert packed["files_written_per_million"] <= 790
+    assert packed["file_opens_once_per_million"] <= per_chunk["file_opens_once_per_million"] / 2
+    for fmt in ("table", "markdown"):
+        rc, out, err = run([*argv, "--format", fmt])
+        assert rc == 0, err
+        rows = {line.split("|")[1].strip() if fmt == "markdown" else line.split()[0]: line
+                for line in out.splitlines()
+                if re.match(r"\|? ?(per_chunk|packed) ", line) and "GB" in line
+                and "fs model" not in line}
+        for layout in (per_chunk, packed):
+            row = rows[layout["layout"]]
+            for key in ("files_written_per_million", "file_opens_per_million",
+                        "file_opens_once_per_million"):
+                assert f"{layout[key]:,.0f}" in row, (fmt, key, row)
+        assert "read once:" in out and "every load:" in out
 
 
 @pytest.mark.vllm
@@ -855,6 +909,10 @@ def test_sweep_table_json_and_plot(tmp_path: Path) -> None:
     assert rc == 0 and err == "", err
     assert "sweep of blocks_per_chunk" in out and f"plot: {png}" in out
     assert "IOPS-bound" in out and "+recomputed" in out
+    # One line per layout per knob value.
+    for layout in ("per_chunk", "packed"):
+        assert sum(1 for line in out.splitlines()
+                   if re.match(rf"blocks_per_chunk=\d+ +\d+ +{layout} ", line)) == 8
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

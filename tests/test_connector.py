@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("vllm")
+from conformance.testing.requires import require_vllm
+
+require_vllm()
 
 from hypothesis import event, given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402

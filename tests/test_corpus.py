@@ -27,9 +27,10 @@ from conformance.corpus.format import (
 )
 from conformance.corpus.run import check_case
 from conformance.protocol.backends import REFERENCE
+from vllm_adapter.release_list import SUPPORTED_RELEASES
 
 ROOT = Path(__file__).resolve().parents[1]
-RELEASES = ("0.33.0", "0.34.0")
+RELEASES = SUPPORTED_RELEASES
 """Every supported release has a committed corpus (``noxfile.VLLM_VERSIONS``)."""
 
 

@@ -10,7 +10,16 @@ from reference.economics import economics, hashed, serve
 from reference.geometry import Geometry, GroupKind, KVGroup
 from reference.knobs import BlocksPerChunk, resolve
 from reference.plan import Policy
-from reference.workload import PRESETS, GpuCache, Span, Workload, load_workload, preset, requests
+from reference.workload import (
+    PRESETS,
+    GpuCache,
+    Span,
+    Workload,
+    WorkloadRequest,
+    load_workload,
+    preset,
+    requests,
+)
 
 
 def _full(tpb: int = 16, bpc: int = 2):  # type: ignore[no-untyped-def]
@@ -76,6 +85,110 @@ def test_two_passes_read_back_what_the_first_stored() -> None:
     first, second = serve(chunking, [reqs, reqs])
     assert sum(second.written.values()) == 0
     assert sum(second.read_once.values()) == sum(first.written.values())
+
+
+# ---------------------------------------------------------------------------
+# The packed layout: one file per store job, each key a section in job order
+# ---------------------------------------------------------------------------
+
+
+def _two_groups(tpb: int = 16, bpc: int = 2):  # type: ignore[no-untyped-def]
+    """Two full-attention groups of 32-token chunks: every chunk is two keys."""
+    geometry = Geometry(
+        groups=(KVGroup(0, GroupKind.FULL, tpb), KVGroup(1, GroupKind.FULL, tpb)),
+        tokens_per_hash=tpb,
+    )
+    return resolve(geometry, BlocksPerChunk(bpc))
+
+
+def _request(session: int, prompt: range) -> WorkloadRequest:
+    return WorkloadRequest(session, 0, tuple(prompt), (1,), 0)
+
+
+BASE = range(1000, 1100)
+"""100 tokens: 3 complete 32-token chunks (c0, c1, c2)."""
+
+
+def _packed(reqs: list[WorkloadRequest]):  # type: ignore[no-untyped-def]
+    from reference.economics import summarize
+
+    chunking = _two_groups()
+    (tally,) = serve(chunking, [reqs])
+    return summarize("t", chunking, tally, 8192)
+
+
+def test_one_store_job_of_k_keys_is_one_packed_file_of_k_sections() -> None:
+    e = _packed([_request(0, BASE)])
+    # 3 chunks x 2 groups = 6 keys, stored by one job (the budget covers the prompt).
+    assert e.per_chunk.files_written == 6 and e.per_chunk.sections_written == 6
+    assert e.packed.files_written == 1 and e.packed.sections_written == 6
+    assert e.packed_per_request.files_written == 1
+    # One file: a header page (6 short index entries) + 6 sections of 2 pages each.
+    assert e.packed.written_sizes(e.file_bytes) == ((4096 + 6 * 8192, 1),)
+    assert e.packed.file_opens == 0 and e.packed.reads == 0
+
+
+def test_a_load_spread_over_two_files_opens_both() -> None:
+    # r0 stores c0 (40 tokens), r1 = r0's tokens + 30 loads c0 and stores c1 (its own job,
+    # so its own file), r2 = 100 tokens loads c0 (file 1) and c1 (file 2).
+    e = _packed([_request(0, BASE[:40]), _request(1, BASE[:70]), _request(2, BASE)])
+    assert e.packed.files_written == 3 and e.per_chunk.files_written == 6
+    # Loads: r1 reads c0 (1 file, 2 adjacent sections); r2 reads c0 and c1 (2 files).
+    assert e.packed.file_opens == 1 + 2
+    assert e.packed.sections_read == 2 + 4 == e.per_chunk.file_opens
+    assert e.packed.reads == 1 + 2
+    # Every open reads its file's header (one page: 2 short index entries), then 2 sections
+    # of 2 pages each.
+    assert e.packed.opened_sizes(e.file_bytes) == ((4096 + 2 * 8192, 3),)
+    # Read once: r2's c0 was loaded by r1 already.
+    assert e.packed.file_opens_once == 1 + 1 and e.packed.sections_read_once == 2 + 2
+
+
+def test_adjacent_sections_are_one_read_and_a_gap_makes_two() -> None:
+    # r0 stores c0-c2 in one file, group-major: [g0c0, g0c1, g0c2, g1c0, g1c1, g1c2].
+    # r1 shares 70 tokens: it loads c0 and c1 of both groups, positions {0, 1, 3, 4}: 2 reads.
+    # r2 shares all 100 (and has 10 more): it loads every section, {0, ..., 5}: 1 read.
+    e = _packed([
+        _request(0, BASE),
+        _request(1, range(1000, 1070)),
+        _request(2, range(1000, 1110)),
+    ])
+    assert e.packed.file_opens == 2 and e.packed.sections_read == 4 + 6
+    assert e.packed.reads == 2 + 1
+    assert e.per_chunk.reads == e.per_chunk.file_opens == 4 + 6
+
+
+def test_a_pass_writes_no_file_for_keys_already_on_disk() -> None:
+    chunking = _two_groups()
+    reqs = [_request(0, BASE), _request(1, range(2000, 2050))]
+    first, second = serve(chunking, [reqs, reqs])
+    assert sum(first.packed.files.values()) == 2 and not second.packed.files
+    # Pass 2 reads back all of r0's file (3 chunks: 96 tokens <= 99, the hit limit) and of
+    # r1's (1 chunk), each whole file one read.
+    assert sum(second.packed.opened_once.values()) == 2
+    assert second.packed.reads_once == 2
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_packing_never_writes_or_opens_more_files_than_per_chunk(name: str) -> None:
+    chunking = _two_groups(16, 8)
+    e = economics(chunking, preset(name), file_bytes=8192)
+    for packed in (e.packed, e.packed_per_request):
+        assert packed.sections_written == e.per_chunk.files_written == e.files_written
+        assert packed.files_written <= e.per_chunk.files_written
+        assert packed.sections_read == e.files_read and packed.file_opens <= e.files_read
+        assert packed.sections_read_once == e.files_read_once
+        assert packed.file_opens_once <= e.files_read_once
+        assert packed.reads <= packed.sections_read
+        # Two groups per chunk: a file holds at least two sections.
+        assert 2 * packed.files_written <= packed.sections_written
+    # A prompt prefilled in one step is stored by one job: one file per request either way.
+    w = preset(name)
+    if max(len(r.prompt) for r in requests(w)) <= w.max_num_batched_tokens:
+        assert e.packed.files_written == e.packed_per_request.files_written
+    # Per chunk a file is a section and an open a read.
+    assert e.per_chunk.bytes_written(e.file_bytes) == 8192 * e.files_written
+    assert e.per_chunk.reads == e.per_chunk.file_opens == e.files_read
 
 
 def test_session_hash_chains_equal_per_request_hashing() -> None:

@@ -21,7 +21,9 @@ from typing import Any
 import pytest
 import torch
 
-pytest.importorskip("vllm")
+from conformance.testing.requires import require_vllm
+
+require_vllm()
 
 from emulated_worker import EmulatedVllmWorker  # noqa: E402
 

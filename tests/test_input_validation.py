@@ -34,24 +34,38 @@ value is refused.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from conformance.testing.requires import require_vllm
 from reference.geometry import Geometry, GroupKind, KVGroup
 from reference.knobs import (
     BlockSize,
     BlocksPerChunk,
     Knob,
     PerGroupBlocksPerChunk,
+    parse_knob,
     resolve,
 )
 from reference.store import ChunkStore
 from reference.transfer import TensorRef, TransferLayout, gather, scatter
 from reference.transfer_fast import plan_copies
+from reference.workload import (
+    MAX_PROMPT_TOKENS,
+    MAX_SESSIONS,
+    MAX_TOTAL_PROMPT_TOKENS,
+    MAX_TURNS,
+    PRESETS,
+    load_workload,
+    preset,
+    requests,
+)
 
 # Two canonical tensors; group 1 reads both (tensor 0 partially).  B = (2, 3).
 LAYOUT = TransferLayout((8, 16), ((TensorRef(0, 8),), (TensorRef(1, 9), TensorRef(0, 3))), (2, 3))
@@ -447,7 +461,7 @@ def _dsv4_expected(max_model_len: int) -> tuple[dict[str, Any], int, int]:
 @pytest.mark.vllm
 @pytest.mark.parametrize("knob_name", ["block_size", "blocks_per_chunk"])
 def test_connector_refuses_a_chunk_longer_than_max_model_len(knob_name: str) -> None:
-    pytest.importorskip("vllm")
+    require_vllm()
     from conformance.harness import vllm_harness_api as V
     from vllm_adapter.connector import KvchunkOffloadingConnector, resolve_for_vllm
     from vllm_adapter.geometry import with_extra_config
@@ -480,7 +494,7 @@ def test_connector_refuses_a_chunk_longer_than_max_model_len(knob_name: str) -> 
 
 @pytest.mark.vllm
 def test_connector_accepts_a_chunk_exactly_max_model_len_long() -> None:
-    pytest.importorskip("vllm")
+    require_vllm()
     from vllm_adapter.connector import resolve_for_vllm
     from vllm_adapter.geometry import with_extra_config
 
@@ -492,3 +506,173 @@ def test_connector_accepts_a_chunk_exactly_max_model_len_long() -> None:
     assert max(gc.tokens_per_chunk for gc in chunking.groups) == 8 * tpb
     with pytest.raises(ValueError, match=f"max_model_len={8 * tpb}"):
         resolve_for_vllm(with_extra_config(vc, {**extra, "blocks_per_chunk": 9}), kv)
+
+
+# -- Clear errors before vLLM (issue 26, item 4): the message names the key or flag --------------
+
+NON_CANONICAL = ["++5", "+-5", "1_000", "\u0665", "\u00b2", "5.", "0x10", ""]
+"""Integer spellings kvchunk refuses although Python's ``int()`` or ``str.isdecimal`` take
+some of them ('1_000', Arabic-Indic five): a knob is digits, maybe one '+' and spaces."""
+
+
+def _cli(argv: list[str]) -> tuple[int, str, str]:
+    import io
+
+    from vllm_adapter.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    rc = main(["config", *argv], stdout=out, stderr=err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def _one_line_cli_error(argv: list[str]) -> str:
+    rc, out, err = _cli(argv)
+    assert rc == 2 and out == "" and "Traceback" not in err, (rc, out, err)
+    assert len(err.strip().splitlines()) == 1, err
+    prefix = "python -m vllm_adapter config: error: "
+    assert err.startswith(prefix), err
+    return err.strip().removeprefix(prefix)
+
+
+REPO = Path(__file__).resolve().parents[1]
+GEMMA_DIR = REPO / "vllm_adapter" / "models" / "gemma-4-31B-it"
+GEMMA_ARGS = ["--model", str(GEMMA_DIR), "--tensor-parallel-size", "2"]
+
+
+@pytest.mark.parametrize("text", NON_CANONICAL, ids=repr)
+@pytest.mark.parametrize(("flag", "key"), [("--block-size", "'block_size'"),
+                                           ("--blocks-per-chunk", "'blocks_per_chunk'")])
+def test_cli_knob_strings_must_be_digits(flag: str, key: str, text: str) -> None:
+    line = _one_line_cli_error([*GEMMA_ARGS, flag, text])
+    assert line.startswith(f"{flag}: {key} must be a positive integer, got {text!r}"), line
+    assert "for example 16" in line, line
+
+
+@pytest.mark.parametrize("text", NON_CANONICAL, ids=repr)
+@pytest.mark.parametrize("flag", ["--tensor-parallel-size", "--max-model-len",
+                                  "--prefix-match-unit"])
+def test_cli_integer_flags_must_be_digits(flag: str, text: str) -> None:
+    argv = [*GEMMA_ARGS, flag, text] if flag != "--tensor-parallel-size" else [
+        "--model", str(GEMMA_DIR), flag, text]
+    line = _one_line_cli_error(argv)
+    assert f"argument {flag}" in line and f"got {text!r}" in line, line
+    assert "for example 4" in line, line
+
+
+@pytest.mark.parametrize("text", ["+16", " 16 ", "16"])
+def test_canonical_knob_strings_are_accepted(text: str) -> None:
+    assert parse_knob({"block_size": text}, Geometry(groups=(), tokens_per_hash=1)) == BlockSize(16)
+
+
+@pytest.mark.parametrize("text", NON_CANONICAL, ids=repr)
+@pytest.mark.parametrize("key", ["block_size", "blocks_per_chunk"])
+def test_reference_knob_strings_name_the_key(key: str, text: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_knob({key: text}, Geometry(groups=(), tokens_per_hash=1))
+    assert str(info.value).startswith(f"'{key}' must be a positive integer, got {text!r}")
+    assert "for example 16" in str(info.value)
+
+
+def _unknown_user_path() -> str:
+    import pwd
+
+    names = {p.pw_name for p in pwd.getpwall()}
+    user = "kvchunk-no-such-user"
+    assert user not in names
+    return f"~{user}/models"
+
+
+@pytest.mark.parametrize("flag", ["--model", "--fs-path", "--plot", "--workload"])
+def test_unknown_user_paths_are_one_line_naming_the_flag(flag: str) -> None:
+    path = _unknown_user_path()
+    argv = {
+        "--model": ["--model", path, "-tp", "2"],
+        "--fs-path": [*GEMMA_ARGS, "--spec-name", "TieringOffloadingSpec", "--fs-path", path],
+        "--plot": [*GEMMA_ARGS, "--sweep", "--plot", path],
+        "--workload": [*GEMMA_ARGS, "--workload", path],
+    }[flag]
+    line = _one_line_cli_error(argv)
+    assert line.startswith(f"{flag} {path}: cannot expand '~kvchunk-no-such-user'"), line
+    assert "give an absolute path such as /" in line, line
+
+
+WORKLOAD_TOML = """name = "big"
+sessions = {sessions}
+turns = {turns}
+system_tokens = 100
+turn_tokens = {turn}
+output_tokens = 64
+"""
+
+
+@pytest.mark.parametrize(("fields", "needle"), [
+    ({"sessions": 100_000, "turns": 1, "turn": 100}, "sessions must be <= 10000"),
+    ({"sessions": 1, "turns": 5000, "turn": 100}, "turns must be <= 1000"),
+    ({"sessions": 1, "turns": 1, "turn": 10**9}, "turn_tokens must be <= 1048576 tokens"),
+    ({"sessions": 1, "turns": 1000, "turn": 4096}, "a prompt can reach 4160036 tokens"),
+    ({"sessions": 10_000, "turns": 30, "turn": 4096}, "lower sessions or turns"),
+], ids=["sessions", "turns", "prompt-field", "longest-prompt", "total"])
+def test_oversized_workloads_are_one_line_naming_the_field_and_the_cap(
+    fields: dict[str, int], needle: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "big.toml"
+    path.write_text(WORKLOAD_TOML.format(**fields))
+    with pytest.raises(ValueError, match=re.escape(needle)) as info:
+        load_workload(path)
+    assert "the caps are sessions <= 10000, turns <= 1000" in str(info.value)
+    line = _one_line_cli_error([*GEMMA_ARGS, "--workload", str(path)])
+    assert line.startswith(f"--workload: workload file {path}: workload 'big': "), line
+    assert needle in line and "internal error" not in line, line
+
+
+def test_every_preset_is_well_under_the_caps() -> None:
+    for name in PRESETS:
+        w = preset(name)
+        assert w.sessions * 10 <= MAX_SESSIONS and w.turns * 10 <= MAX_TURNS
+        assert w.longest_prompt_bound * 10 <= MAX_PROMPT_TOKENS
+        assert w.total_prompt_bound * 5 <= MAX_TOTAL_PROMPT_TOKENS
+        # The bound is a bound: no drawn prompt is longer.
+        assert max(len(r.prompt) for r in requests(w)) <= w.longest_prompt_bound
+
+
+def test_prompts_longer_than_max_model_len_are_one_line() -> None:
+    longest = max(len(r.prompt) for r in requests(preset("agentic")))
+    line = _one_line_cli_error([*GEMMA_ARGS, "--workload", "agentic",
+                                "--max-model-len", str(longest - 1)])
+    assert line == (
+        f"--max-model-len {longest - 1}: workload agentic's longest prompt is {longest} tokens, "
+        f"which vLLM would refuse; give --max-model-len {longest} or more, or a workload with "
+        "shorter prompts"
+    )
+
+
+@pytest.mark.parametrize("text", ["++5", "1_000", "\u0665", "5 5"], ids=repr)
+@pytest.mark.parametrize("key", ["cpu_bytes_to_use", "sync_load_budget_bytes",
+                                 "store_threshold", "max_tracker_size"])
+def test_connector_integer_keys_must_be_digits(key: str, text: str) -> None:
+    require_vllm()
+    from vllm_adapter.connector import _check_other_keys
+
+    extra: dict[str, Any] = {"cpu_bytes_to_use": 1 << 30, key: text}
+    with pytest.raises(ValueError) as info:
+        _check_other_keys(extra)
+    assert str(info.value) == (
+        f"'{key}' in kv_connector_extra_config must be an integer written in digits "
+        f"(for example 1000), got {text!r}."
+    )
+
+
+def test_cpu_row_bytes_is_every_copy_of_a_chunk_page_aligned() -> None:
+    from reference.geometry import cpu_row_bytes
+
+    page = 4096
+    assert cpu_row_bytes(1, 1, 1, page) == page  # one byte still takes a page
+    assert cpu_row_bytes(page, 1, 1, page) == page  # an aligned row gets no padding
+    for per_block, copies, blocks in [(1002240, 4, 2), (1002240, 1, 3), (1310720 * 6, 2, 16)]:
+        raw = per_block * copies * blocks  # every worker's blocks of the chunk
+        row = cpu_row_bytes(per_block, copies, blocks, page)
+        assert row % page == 0 and row - page < raw <= row  # the fewest pages that hold it
+    for args, name in [((0, 1, 1, page), "worker_kv_bytes_per_block"), ((1, 0, 1, page), "copies"),
+                       ((1, 1, 0, page), "blocks_per_chunk"), ((1, 1, 1, 0), "alignment")]:
+        with pytest.raises(ValueError, match=f"cpu_row_bytes: {name} must be >= 1, got 0"):
+            cpu_row_bytes(*args)

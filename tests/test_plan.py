@@ -39,9 +39,12 @@ def chunkings(draw: st.DrawFn, kinds: tuple[GroupKind, ...] | None = None) -> Ch
     try:
         chunking = resolve(geometry, knob, retention_interval=retention)
     except ValueError:
+        event("chunkings: filtered, the knob is refused")
         assume(False)
         raise
-    assume(not supports_partial_tail(chunking))
+    partial = supports_partial_tail(chunking)
+    event("chunkings: filtered, partial tail" if partial else "chunkings: kept")
+    assume(not partial)
     return chunking
 
 

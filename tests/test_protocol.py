@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from conformance.testing.requires import require_vllm
+
 ROOT = Path(__file__).resolve().parent.parent
 PROTOCOL = ROOT / "conformance" / "PROTOCOL.md"
 PLACEHOLDERS = {
@@ -79,7 +81,7 @@ def test_the_page_has_commands() -> None:
 
 @pytest.mark.parametrize("command", _commands())
 def test_every_command_runs(command: str, tmp_path: Path) -> None:
-    pytest.importorskip("vllm")
+    require_vllm()
     argv = _argv(command)
     env = {**os.environ, "KVCHUNK_REPORTS_DIR": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

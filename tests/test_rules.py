@@ -525,3 +525,35 @@ def test_full_group_end_bisection_equals_the_scan(
         rules.WindowRule.TOKENS_BEFORE_END,
     )
     assert bisected == scanned
+
+
+def test_eviction_rule_takes_leaves_and_the_windows_they_serve() -> None:
+    """reference.eviction's rule (docs/semantics.md §10): a file goes only when no
+    full-attention chunk that stays depends on it; the window chunk a boundary needs
+    goes with it."""
+    from reference import eviction
+
+    groups = (KVGroup(0, GroupKind.FULL, 16), KVGroup(1, SW, 16, sliding_window=24))
+    chunking = resolve(Geometry(groups, tokens_per_hash=16), BlocksPerChunk(2))
+    chain = prefix_block_hashes(list(range(1, 97)), 16)  # 3 chunks of 32 tokens
+    full, window = (group_keys(chain, gc) for gc in chunking.groups)
+    structure = eviction.PrefixStructure(chunking)
+    structure.observe(chain)
+    disk = eviction.Disk(structure)
+    # One file per key: chunk 0, chunk 1, chunk 2 and the window chunk the hit ending at
+    # chunk 2's end needs (a 24-token window: cdiv(23, 32) = 1 chunk, the last one).
+    f0, f1, f2, fw = (disk.add([k], 1, ready=True) for k in (*full, window[2]))
+    units = eviction.evictable(disk)
+    assert eviction.eviction_unit(disk, f0) is None  # chunks 1 and 2 need it
+    assert eviction.eviction_unit(disk, f1) is None
+    assert eviction.eviction_unit(disk, f2) == (f2, fw)  # the boundary's window goes too
+    assert eviction.eviction_unit(disk, fw) == (fw,)  # chunk 2 stays a full-attention chunk
+    assert units == [(f2, fw), (fw,)]  # least recently used first
+    for unit in units:  # evicting any unit strands nothing that stays
+        kept = eviction.Disk(structure)
+        for fid, key in ((f0, full[0]), (f1, full[1]), (f2, full[2]), (fw, window[2])):
+            if fid not in unit:
+                kept.add([key], 1, ready=True)
+        assert eviction.stranded(kept) == frozenset()
+    disk.remove(f1)  # what plain LRU may do: chunk 2 and its window lose their prefix
+    assert eviction.stranded(disk) == {full[2], window[2]}

@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("vllm")
+from conformance.testing.requires import require_vllm  # noqa: E402
+
+require_vllm()
 
 from conformance.harness import vllm_harness_api as V  # noqa: E402
 from vllm_adapter import chunk_file as C  # noqa: E402

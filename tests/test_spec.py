@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("vllm")
+from conformance.testing.requires import require_vllm
+
+require_vllm()
 
 from emulated_worker import EmulatedVllmWorker  # noqa: E402
 

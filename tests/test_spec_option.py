@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from conformance.harness.spec_option import SPEC_ENV, SpecUnderTest, chosen
+from conformance.testing.requires import require_vllm
 
 ROOT = Path(__file__).resolve().parent.parent
 LANES = ROOT / "conformance" / "lanes"
@@ -68,13 +69,13 @@ def test_chosen_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     ],
 )
 def test_a_spec_that_does_not_load_is_an_error_naming_the_option(value: str, why: str) -> None:
-    pytest.importorskip("vllm")
+    require_vllm()
     with pytest.raises(ValueError, match=f"--spec '{re.escape(value)}': .*{why}"):
         SpecUnderTest.parse(value).load()
 
 
 def test_which_specs_need_cuda_and_which_are_tiering() -> None:
-    pytest.importorskip("vllm")
+    require_vllm()
     import torch
 
     for value, tiering, vllm_worker in (
@@ -101,7 +102,7 @@ def test_which_specs_need_cuda_and_which_are_tiering() -> None:
 
 def _run_lane(lane: str, spec: str, select: str) -> tuple[int, str]:
     """``pytest -p conformance.plugin conformance/lanes/<lane> --spec <spec> -k <select>``."""
-    pytest.importorskip("vllm")
+    require_vllm()
     env = {k: v for k, v in os.environ.items() if k != SPEC_ENV}
     env.update(KVCHUNK_PROFILE="dev", HF_HUB_OFFLINE="1")
     proc = subprocess.run(
@@ -124,7 +125,7 @@ def test_vllm_tiering_spec_gets_the_lanes_cpu_tier_size_in_bytes(num_cpu_chunks:
     """vLLM's ``TieringOffloadingSpec`` ignores ``num_cpu_chunks``: under ``--spec`` the
     tiered lanes' CPU tier must reach it in bytes, and vLLM's own spec (built here on CPU:
     its constructor needs no GPU) must then hold exactly the lane's chunk count."""
-    pytest.importorskip("vllm")
+    require_vllm()
     from conformance.harness import driver as D
     from conformance.harness import vllm_harness_api as V
     from conformance.harness.spec_option import tiered_entries

@@ -20,9 +20,11 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm")
+from conformance.testing.requires import require_vllm
 
-from conformance.protocol.versions import (
+require_vllm()
+
+from conformance.protocol.versions import (  # noqa: E402
     NEWEST,
     RELEASES,
     RULES_ENV,
@@ -30,9 +32,9 @@ from conformance.protocol.versions import (
     rules_for,
     rules_line,
 )
-from vllm_adapter import fixtures as F
-from vllm_adapter import releases
-from vllm_adapter.derive import RECIPES
+from vllm_adapter import fixtures as F  # noqa: E402
+from vllm_adapter import releases  # noqa: E402
+from vllm_adapter.derive import RECIPES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEV = "0.35.0.dev42+g1234abc"

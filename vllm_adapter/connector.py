@@ -46,6 +46,7 @@ from reference.knobs import (
     BLOCKS_PER_CHUNK,
     DEFAULT_KEY,
     Chunking,
+    is_integer_string,
     resolve_extra_config,
 )
 from vllm_adapter import vllm_api as V
@@ -67,6 +68,11 @@ def _int_like(key: str, value: Any, *, positive: bool = False, non_negative: boo
     """``value`` must survive vLLM's ``int(value)``: ints and decimal strings, no bools."""
     if isinstance(value, bool):
         raise ValueError(f"'{key}' in kv_connector_extra_config must be an integer, got {value!r}.")
+    if isinstance(value, str) and not is_integer_string(value, signed=True):
+        raise ValueError(
+            f"'{key}' in kv_connector_extra_config must be an integer written in digits "
+            f"(for example 1000), got {value!r}."
+        )
     try:
         n = int(value)
     except (TypeError, ValueError, OverflowError):

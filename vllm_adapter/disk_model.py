@@ -23,6 +23,7 @@ file-economics table share this one copy.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -34,6 +35,7 @@ __all__ = [
     "FsModel",
     "ModelledThroughput",
     "disk_time",
+    "disk_time_of",
     "fs_model",
     "modelled",
 ]
@@ -120,6 +122,18 @@ def disk_time(model: FsModel, files: float, file_bytes: int, direction: Directio
     return DiskTime(
         files * model.seconds_per_file(file_bytes, direction), model.bound(file_bytes, direction)
     )
+
+
+def disk_time_of(
+    model: FsModel, files: Iterable[tuple[float, int]], direction: Direction
+) -> DiskTime:
+    """:func:`disk_time` summed over ``(files, file_bytes)`` pairs: files of several sizes,
+    each priced with its own bytes.  The bound is the one every size shares, ``"mixed"``
+    where they differ, ``"-"`` when nothing moves."""
+    parts = [disk_time(model, n, size, direction) for n, size in files]
+    bounds = {p.bound for p in parts} - {"-"}
+    bound = "-" if not bounds else bounds.pop() if len(bounds) == 1 else "mixed"
+    return DiskTime(sum(p.seconds for p in parts), bound)
 
 
 LOCAL_DISK = FsModel(

@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass
 
 from reference.plan import LastTokenRule, NullBlockRule, Policy, WindowRule
+from vllm_adapter.release_list import SUPPORTED_RELEASES
 
 __all__ = [
     "NEWEST",
@@ -80,6 +81,12 @@ def _release_key(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in version.split("."))
 
 
+if tuple(sorted(RELEASES, key=_release_key)) != SUPPORTED_RELEASES:
+    raise RuntimeError(
+        f"vllm_adapter/releases.py has rules for {sorted(RELEASES)}, but "
+        f"vllm_adapter/release_list.py supports {list(SUPPORTED_RELEASES)}: give each "
+        "supported release one row"
+    )
 NEWEST = max(RELEASES, key=_release_key)
 OLDEST = min(RELEASES, key=_release_key)
 

@@ -68,7 +68,7 @@ from typing import Any
 
 import torch
 
-from reference.mathutil import cdiv
+from reference.geometry import cpu_row_bytes
 from reference.store import ChunkStore
 from reference.transfer import TensorRef, TransferLayout, chunks_of
 from reference.transfer_fast import checked_plan, gather, scatter
@@ -363,8 +363,10 @@ class ReferenceOffloadingSpec(V.OffloadingSpec):
         # Same arithmetic as CPUOffloadingSpec (one copy per worker: no replicated layout).
         bytes_per_chunk = 0
         if config.worker_kv_bytes_per_block > 0 and world_size > 0:
-            raw = config.worker_kv_bytes_per_block * world_size * self.blocks_per_chunk
-            bytes_per_chunk = cdiv(raw, self.BLOCK_SIZE_ALIGNMENT) * self.BLOCK_SIZE_ALIGNMENT
+            bytes_per_chunk = cpu_row_bytes(
+                int(config.worker_kv_bytes_per_block), world_size, int(self.blocks_per_chunk),
+                int(self.BLOCK_SIZE_ALIGNMENT),
+            )
         if extra.get(NUM_CPU_CHUNKS) is not None:
             num_chunks = _count(NUM_CPU_CHUNKS, extra[NUM_CPU_CHUNKS])
         elif extra.get(CPU_BYTES_TO_USE):

@@ -32,10 +32,30 @@ bytes it promotes from disk are the bytes the reference scatters back.
 region and the manager alike), as :class:`~vllm_adapter.spec.ReferenceOffloadingSpec`
 does, so a test can size the tier in chunks; without it the count is
 ``TieringOffloadingSpec``'s (``cpu_bytes_to_use // kv_bytes_per_chunk``).
+
+The region's ``/dev/shm`` name (``vllm_offload_<engine_id>.mmap``) is unlinked as
+soon as every opener has mapped it (:func:`region_mapped`), so an engine killed
+with ``SIGKILL`` leaves no region behind: a mapping outlives its name, and the
+kernel frees the memory with the last mapping.  vLLM's ``CPUOffloadingSpec``
+does the same with a barrier of its workers; ``TieringOffloadingSpec`` (0.33.0
+and 0.34.0) never unlinks while the engine runs (deviation
+``tiering-region-outlives-sigkill``).  Its openers are the scheduler side
+(``get_manager``, opener 0) and each worker (``create_worker``, opener
+``1 + rank``).  vLLM's engine core maps the workers' first (every worker
+registers its KV caches before the scheduler is built), kvchunk's driver the
+scheduler side's first.  An opener that maps before another must keep the name
+(a later opener that found none would create a second region), so the last
+opener, whichever it is, unlinks it.  Each opener holds an open-file-description
+lock on byte ``opener`` of the region file (released by the kernel when its
+process dies) and, once it holds its own, checks the others'.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+import struct
 from typing import Any
 
 import torch
@@ -43,7 +63,67 @@ import torch
 from vllm_adapter import vllm_api as V
 from vllm_adapter.spec import NUM_CPU_CHUNKS, ReferenceOffloadingWorker, _count, transfer_layout
 
-__all__ = ["RegionOffloadingWorker", "ReferenceTieringOffloadingSpec", "region_pool"]
+__all__ = [
+    "SCHEDULER_OPENER",
+    "RegionOffloadingWorker",
+    "ReferenceTieringOffloadingSpec",
+    "region_mapped",
+    "region_pool",
+    "worker_opener",
+]
+
+SCHEDULER_OPENER = 0
+"""The scheduler side's opener number (its lock byte in the region file)."""
+
+_FLOCK = struct.Struct("hhqqi4x")
+"""Linux ``struct flock`` (64-bit ``off_t``): type, whence, start, len, pid."""
+
+
+def worker_opener(rank: int) -> int:
+    """The opener number (lock byte) of the worker of engine rank ``rank``."""
+    return 1 + rank
+
+
+def _lock(fd: int, command: int, lock_type: int, byte: int) -> int:
+    """``fcntl`` one open-file-description byte lock; the lock type it answers."""
+    answer = fcntl.fcntl(fd, command, _FLOCK.pack(lock_type, os.SEEK_SET, byte, 1, 0))
+    return int(_FLOCK.unpack(answer)[0])
+
+
+def region_mapped(region: Any, *, opener: int, openers: int) -> bool:
+    """Record that ``opener`` (of ``openers``) has mapped ``region``; unlink its name once all have.
+
+    Each opener takes a shared lock on byte ``opener`` of the region file through
+    the region's own descriptor: it lasts while the region is open, and the
+    kernel drops it when the process dies, however it dies.  Once an opener holds
+    its lock it looks for the others'; if every one is held, every opener has
+    mapped the file, and its name (with any segment files) is unlinked.  Two
+    openers finishing at once may both unlink: the second finds nothing.  An
+    opener missing (a worker on another node, a driver without workers) keeps
+    the name, as vLLM does.  True when this call unlinked the name.
+    """
+    if not 0 <= opener < openers:
+        raise ValueError(f"opener {opener} is not one of the region's {openers} openers")
+    fd = getattr(region, "fd", None)
+    if fd is None or not hasattr(fcntl, "F_OFD_SETLK"):
+        return False  # a closed region, or no open-file-description locks (not Linux)
+    _lock(fd, fcntl.F_OFD_SETLK, fcntl.F_RDLCK, opener)
+    for other in range(openers):
+        if other != opener and _lock(fd, fcntl.F_OFD_GETLK, fcntl.F_WRLCK, other) == fcntl.F_UNLCK:
+            return False
+    _unlink_region(str(region.mmap_path))
+    return True
+
+
+def _unlink_region(path: str) -> None:
+    """Unlink a region's file and its segment files (``<path>.1``, ``<path>.2``, ...)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    segment = 1
+    while os.path.exists(f"{path}.{segment}"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{path}.{segment}")
+        segment += 1
 
 
 def region_pool(
@@ -123,11 +203,39 @@ class ReferenceTieringOffloadingSpec(V.TieringOffloadingSpec):
         )
         return region, rank
 
+    @property
+    def region_openers(self) -> int:
+        """How many openers map the region: the scheduler side and each worker."""
+        return 1 + int(self.config.parallel.world_size)
+
+    def get_manager(self) -> Any:
+        """vLLM's ``TieringOffloadingManager``; its region's name goes once every opener mapped it."""
+        if self._manager is not None:
+            return self._manager
+        manager = super().get_manager()
+        region = V.scheduler_region(self)
+        if region is not None:
+            region_mapped(region, opener=SCHEDULER_OPENER, openers=self.region_openers)
+        return manager
+
     def create_worker(self, kv_caches: Any) -> Any:
-        """vLLM's ``CPUOffloadingWorker`` on CUDA; the region-backed reference worker elsewhere."""
+        """vLLM's ``CPUOffloadingWorker`` on CUDA; the region-backed reference worker elsewhere.
+
+        Either way, the region's name goes once every opener has mapped it.
+        """
         on_cuda = all(t.tensor.device.type == "cuda" for t in kv_caches.tensors)
         if on_cuda and V.cuda_offloading_platform():
-            return super().create_worker(kv_caches)
+            worker = super().create_worker(kv_caches)
+            region = V.worker_region(worker)
+        else:
+            worker = self._reference_worker(kv_caches)
+            region = worker.region
+        if region is not None:
+            opener = worker_opener(int(self.config.parallel.rank))
+            region_mapped(region, opener=opener, openers=self.region_openers)
+        return worker
+
+    def _reference_worker(self, kv_caches: Any) -> RegionOffloadingWorker:
         if self.config.canonical_layout:
             raise ValueError(
                 "ReferenceTieringOffloadingSpec implements vLLM's direct CPU layout only; "

@@ -40,7 +40,7 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
     iter_layer_specs,
 )
-from vllm.v1.kv_offload.base import OffloadingSpec, OffloadingWorker, TransferResult
+from vllm.v1.kv_offload.base import LookupResult, OffloadingSpec, OffloadingWorker, TransferResult
 from vllm.v1.kv_offload.cpu.common import CPUOffloadingInfo
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
@@ -82,11 +82,16 @@ __all__ = [
     # its secondary-tier registry and file-system tier, and the platform check
     # deciding between vLLM's CUDA worker and the reference worker.
     "FileSystemTierManager",
+    "LookupResult",
     "SecondaryTierFactory",
     "SharedOffloadRegion",
     "TieringOffloadingSpec",
     "cuda_offloading_platform",
     "fs_tier_track_store",
+    # tiering (vllm_adapter.tiering): the SharedOffloadRegion each side of
+    # TieringOffloadingSpec maps, whose /dev/shm name kvchunk unlinks once all have.
+    "scheduler_region",
+    "worker_region",
 ]
 
 VLLM_VERSION: str = vllm.__version__
@@ -95,3 +100,17 @@ VLLM_VERSION: str = vllm.__version__
 def cuda_offloading_platform() -> bool:
     """Whether vLLM's own ``CPUOffloadingWorker`` runs here (CUDA-alike, not ROCm)."""
     return bool(current_platform.is_cuda_alike() and not current_platform.is_rocm())
+
+
+def scheduler_region(spec: TieringOffloadingSpec) -> SharedOffloadRegion | None:
+    """The scheduler side's ``SharedOffloadRegion`` of a ``TieringOffloadingSpec`` (``None``
+    before ``get_manager``); vLLM keeps it in ``_scheduler_mmap`` (0.33.0, 0.34.0)."""
+    region: SharedOffloadRegion | None = getattr(spec, "_scheduler_mmap", None)
+    return region
+
+
+def worker_region(worker: object) -> SharedOffloadRegion | None:
+    """The ``SharedOffloadRegion`` a ``CPUOffloadingWorker`` maps (``None``: private CPU
+    tensors); vLLM keeps it in ``_mmap_region`` (0.33.0, 0.34.0)."""
+    region: SharedOffloadRegion | None = getattr(worker, "_mmap_region", None)
+    return region

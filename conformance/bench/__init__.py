@@ -60,6 +60,13 @@ The benchmarks (``conformance/bench/test_*.py``; each records its numbers in
     Plan-lane examples per second on the fixture geometries: the whole example
     (hypothesis draw, vLLM run, reference replay, comparison) and the oracle
     alone, vs vLLM's run of the same examples.  Informational.
+``packed``
+    kvchunk's packed file tier (one file per store job) vs vLLM's per-chunk fs tier
+    on the store and load jobs of the ``chat`` and ``agentic`` presets at
+    ``block_size`` 512 (``conformance/bench/test_bench_packed.py``): files written,
+    file opens for reads and bytes written (exact ratios; targets <= 1/4, <= 1/2,
+    <= 1.05), and the wall time to store and load the workload on the disk as it
+    is (>= 0.95) and with a simulated 2 ms per file (>= 3).
 ``gpu``
     CUDA only: vLLM's ``CPUOffloadingWorker`` store/load and the reference
     worker vs pinned ``cudaMemcpyAsync`` of the same bytes.  Target: >= 0.8 for
@@ -69,7 +76,9 @@ Environment: ``KVCHUNK_BENCH_THREADS`` (torch intra-op threads, default 1:
 both sides of every ratio are single-stream copies, and a 2-core runner shared
 with other jobs makes OpenMP's 2-thread copies mostly scheduling noise),
 ``KVCHUNK_BENCH_ROUNDS`` (default 9; ``KVCHUNK_BENCH_ORACLE_ROUNDS`` 7,
-``KVCHUNK_BENCH_DISK_ROUNDS`` 3, ``KVCHUNK_BENCH_SUITE_ROUNDS`` 3,
+``KVCHUNK_BENCH_DISK_ROUNDS`` 3,
+``KVCHUNK_BENCH_PACKED_ROUNDS`` 3, ``KVCHUNK_BENCH_PACKED_TOKENS`` 150000,
+``KVCHUNK_BENCH_PACKED_MB`` 256, ``KVCHUNK_BENCH_SUITE_ROUNDS`` 3,
 ``KVCHUNK_BENCH_SWEEP_ROUNDS`` 3),
 ``KVCHUNK_BENCH_DISK_MB`` (MiB per disk configuration, default 256),
 ``KVCHUNK_BENCH_DIR`` (where the disk benchmark writes; default a fresh
@@ -186,6 +195,46 @@ TARGETS: tuple[Target, ...] = (
         0.95,
         None,
         4,
+    ),
+    Target(
+        "packed_files_written",
+        "packed fs tier files written <= 1/4 x vLLM's per-chunk tier (chat, agentic; "
+        "block_size 512)",
+        None,
+        0.25,
+        0,
+    ),
+    Target(
+        "packed_read_opens",
+        "packed fs tier file opens for reads <= 1/2 x vLLM's per-chunk tier (chat, agentic; "
+        "block_size 512)",
+        None,
+        0.5,
+        0,
+    ),
+    Target(
+        "packed_bytes_written",
+        "packed fs tier bytes written <= 1.05 x vLLM's per-chunk tier (chat, agentic; "
+        "block_size 512)",
+        None,
+        1.05,
+        0,
+    ),
+    Target(
+        "packed_time_simulated",
+        "packed fs tier >= 3 x faster than vLLM's per-chunk tier with a simulated 2 ms per "
+        "file (store and load wall time; chat, agentic; block_size 512)",
+        3.0,
+        None,
+        0,
+    ),
+    Target(
+        "packed_time",
+        "packed fs tier >= 0.95 x vLLM's per-chunk tier on the plain disk (store and load "
+        "wall time; chat, agentic; block_size 512)",
+        0.95,
+        None,
+        0,
     ),
     Target(
         "gpu",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from reference.geometry import cpu_row_bytes
 from reference.workload import Workload, preset
 from vllm_adapter.disk_model import FS_MODELS, FsModel, ModelledThroughput, modelled
 
@@ -42,7 +43,7 @@ def file_economics(geometry: str, knob: str, value: int) -> dict[str, Any]:
     from conformance.harness import vllm_harness_api as V
     from vllm_adapter import fixtures as fx
     from vllm_adapter.cli.economics import serve, traffic
-    from vllm_adapter.cli.sizing import release_policy, slot_bytes
+    from vllm_adapter.cli.sizing import release_policy
     from vllm_adapter.connector import resolve_for_vllm
     from vllm_adapter.geometry import with_extra_config
     from vllm_adapter.names import CPU_SPEC
@@ -57,7 +58,7 @@ def file_economics(geometry: str, knob: str, value: int) -> dict[str, Any]:
     blocks = int(vllm_extra["blocks_per_chunk"])
     copies = 1 if config.replicated_layout else int(config.parallel.world_size)
     align = int(V.CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT)
-    file_bytes = slot_bytes(int(config.worker_kv_bytes_per_block), copies, blocks, align)
+    file_bytes = cpu_row_bytes(int(config.worker_kv_bytes_per_block), copies, blocks, align)
     policy, _ = release_policy(V.VLLM_VERSION, vc, True)
     t = traffic(
         serve(chunking, WORKLOAD, policy),

@@ -47,9 +47,10 @@ from conformance.bench import (
     record,
     rounded,
 )
-from reference.mathutil import cdiv
+from conformance.testing.requires import require_vllm
+from reference.geometry import cpu_row_bytes
 
-pytest.importorskip("vllm")
+require_vllm()
 
 from conformance.harness import vllm_harness_api as V  # noqa: E402
 from vllm_adapter import fixtures as fx  # noqa: E402
@@ -80,7 +81,7 @@ def tier_spec(name: str, blocks_per_chunk: int) -> tuple[Any, int, int]:
     config = V.build_offloading_config(vc, fx.rebuild_kv_cache_config(data, "worker"))
     copies = 1 if config.replicated_layout else config.parallel.world_size
     align = V.CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT
-    file_bytes = cdiv(config.worker_kv_bytes_per_block * copies * blocks_per_chunk, align) * align
+    file_bytes = cpu_row_bytes(config.worker_kv_bytes_per_block, copies, blocks_per_chunk, align)
     return V.CPUOffloadingSpec(config), file_bytes, len(config.groups)
 
 

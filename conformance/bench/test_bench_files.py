@@ -24,8 +24,9 @@ import pytest
 from conformance.bench import BLOCKS_PER_CHUNK, GEOMETRIES, record
 from conformance.bench.economics import FS_MODELS, WORKLOAD, file_economics
 from conformance.harness import cases
+from conformance.testing.requires import require_vllm
 
-pytest.importorskip("vllm")
+require_vllm()
 
 BLOCK_SIZES: tuple[int, ...] = cases.BENCH_BLOCK_SIZES
 KNOBS: list[tuple[str, int]] = [("blocks_per_chunk", b) for b in BLOCKS_PER_CHUNK] + [

@@ -47,8 +47,9 @@ from conformance.bench import (
     record,
     rounded,
 )
+from conformance.testing.requires import require_vllm
 
-pytest.importorskip("vllm")
+require_vllm()
 
 from conformance.harness import driver as D  # noqa: E402
 from conformance.harness import vllm_harness_api as V  # noqa: E402

@@ -5,8 +5,9 @@
 one CPU-tier row per file, the tier's ``DualQueueThreadPool`` with 16 + 16
 threads, one job per chunk, ``O_DIRECT`` when the directory supports it),
 written and read by kvchunk's ``batch_store_chunks`` / ``batch_load_chunks``
-(:mod:`vllm_adapter.safe_fs`: a 4 KiB header, BLAKE3 of the payload on store and
-on load, temp file + rename) against vLLM's ``batch_store_block`` /
+(:mod:`vllm_adapter.safe_fs`: a 4 KiB header, the tier's default payload checksum
+-- :data:`vllm_adapter.chunk_file.CHECKSUM`, XXH3-128 -- on store and on load, temp
+file + rename) against vLLM's ``batch_store_block`` /
 ``batch_load_block`` (temp file + rename, no check), interleaved (``B A B A ...
 B``, :func:`conformance.bench.measure`) at every ``blocks_per_chunk``.  Reads
 drop the page cache first where the kernel allows it.  Target: ratio (plain time
@@ -14,9 +15,10 @@ drop the page cache first where the kernel allows it.  Target: ratio (plain time
 measured and reported, not checked (a 4 KiB header and a per-file hash call
 weigh more on small files).
 
-``test_checksum_throughput``: BLAKE3 (16-byte digest) on one core and on all cores
-(the tier hashes payloads of 1 MiB and more on all cores), and zlib's CRC-32 for
-comparison, GB/s over 256 MiB.
+``test_checksum_throughput``: XXH3-128 (the tier's default, through the tier's own
+:func:`~vllm_adapter.chunk_file.payload_digest`), BLAKE3 (16-byte digest) on one core
+and on all cores (the tier's BLAKE3 mode for payloads of 1 MiB and more), and zlib's
+CRC-32 for comparison, GB/s over 256 MiB.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from typing import Any
 import pytest
 
 from conformance.bench import CASES, GEOMETRIES, Variant, case_id, env_int, measure, record, rounded
+from conformance.testing.requires import require_vllm
 
-pytest.importorskip("vllm")
+require_vllm()
 
 import blake3  # noqa: E402
 
@@ -46,6 +49,7 @@ from conformance.bench.test_bench_disk import (  # noqa: E402
     filesystem,
 )
 from vllm_adapter import safe_fs as S  # noqa: E402
+from vllm_adapter.chunk_file import CHECKSUM, payload_digest  # noqa: E402
 
 
 @pytest.fixture
@@ -65,7 +69,7 @@ class ChecksummedCase:
         self.safe_root = os.path.join(root, "safe")
         self.paths = [self.safe_root + p[len(tier_root):] for p in self.disk.paths]
         self.key_ids = [S.key_digest(p.encode()) for p in self.paths]
-        self.io = S.ChunkIO(namespace=bytes(16), o_direct=self.disk.o_direct)
+        self.io = S.ChunkIO(namespace=bytes(16), checksum=CHECKSUM, o_direct=self.disk.o_direct)
 
     def _run(self, enqueue: Any, io: Any) -> None:
         d = self.disk
@@ -139,6 +143,7 @@ def test_checksummed_vs_plain(
             filesystem=filesystem(os.path.realpath(disk_root)),
             drop_caches=None if direction == "write" else bool(dropped and all(dropped)),
             threads=THREADS,
+            checksum=case.io.checksum,
             **m.ratio_fields("plain", speed=True, about=about),
             candidate_gbps=d.nbytes / cand / 1e9,
             plain_gbps=d.nbytes / base / 1e9,
@@ -153,12 +158,14 @@ CHECKSUM_MB = env_int("KVCHUNK_BENCH_CHECKSUM_MB", 256)
 
 
 CHECKSUMS: dict[str, Any] = {
+    "xxh3-128": functools.partial(payload_digest, "xxh3-128"),
     "blake3": lambda b: blake3.blake3(b).digest(16),
     "blake3-all-cores": lambda b: blake3.blake3(b, max_threads=blake3.blake3.AUTO).digest(16),
     "crc32": zlib.crc32,
 }
-"""BLAKE3 on one core and on all (the tier's mode for payloads of 1 MiB and more), and
-zlib's CRC-32 (one core) for comparison."""
+"""XXH3-128 (the tier's default, as the tier computes it), BLAKE3 on one core and on all
+(the tier's BLAKE3 mode for payloads of 1 MiB and more), and zlib's CRC-32 (one core)
+for comparison."""
 
 
 @pytest.mark.parametrize("algorithm", list(CHECKSUMS))

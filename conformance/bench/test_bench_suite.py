@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from conformance.bench import CASES, GEOMETRIES, Variant, case_id, env_int, measure, record, rounded
+from conformance.testing.requires import require_vllm
 
-pytest.importorskip("vllm")
+require_vllm()
 
 from hypothesis import Phase, given, settings  # noqa: E402
 

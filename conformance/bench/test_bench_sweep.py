@@ -26,8 +26,9 @@ import pytest
 
 from conformance.bench import GEOMETRIES, env_int, record, rounded
 from conformance.bench.stats import paired_interval
+from conformance.testing.requires import require_vllm
 
-pytest.importorskip("vllm")
+require_vllm()
 
 from reference.workload import preset  # noqa: E402
 from vllm_adapter import fixtures as fx  # noqa: E402

@@ -33,11 +33,12 @@ from conformance.bench import (
     record,
     rounded,
 )
+from conformance.testing.requires import require_vllm
 from reference.mathutil import cdiv
 from reference.transfer import TransferLayout
 from reference.transfer_fast import gather, scatter
 
-pytest.importorskip("vllm")
+require_vllm()
 
 NUM_BLOCKS = 1024
 """GPU blocks of the benchmark KV cache (gemma: 1.25 GiB, DeepSeek-V4: 0.93 GiB)."""

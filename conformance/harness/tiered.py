@@ -352,12 +352,15 @@ def run_workload_passes(
     prompts: Sequence[tuple[tuple[int, ...], int]],
     *,
     passes: int = 2,
+    after_pass: Callable[[int], None] | None = None,
 ) -> list[PassResult]:
     """Serve ``prompts`` (``(tokens, max_tokens)``) ``passes`` times, GPU prefix cache cold.
 
     Before every request the GPU prefix cache is reset (the offload tiers are
     not), so every reused token comes from offload; between passes the CPU tier
     is reset too and its region poisoned, so the next pass is served from files.
+    ``after_pass(n)`` runs once pass ``n``'s file I/O drained (a lane snapshots a
+    tier's counters there).
     """
     results: list[PassResult] = []
     for n in range(passes):
@@ -371,6 +374,8 @@ def run_workload_passes(
             session.add_request(RequestSpec(f"p{n}r{i}", prompt, max_tokens=max_tokens))
             run_until_idle(session)
             drain_files(session)
+        if after_pass is not None:
+            after_pass(n)
         read = Counter(probe.read_per_group())
         read.subtract(read_before)
         results.append(

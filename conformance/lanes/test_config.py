@@ -21,7 +21,10 @@ from vllm_adapter.names import KVCHUNK_CONNECTOR, KVCHUNK_CONNECTOR_MODULE
 
 pytestmark = [pytest.mark.config]
 
-V = pytest.importorskip("vllm_adapter.vllm_api")
+from conformance.testing.requires import require_vllm  # noqa: E402
+
+require_vllm()
+
 from conformance.checks import config as C  # noqa: E402
 
 ConfigCase = cases.Case

@@ -25,7 +25,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("vllm")
+from conformance.testing.requires import require_vllm
+
+require_vllm()
 
 from conformance.checks import data as DC  # noqa: E402
 from conformance.harness import cases, spec_option  # noqa: E402

@@ -19,7 +19,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("vllm")
+from conformance.testing.requires import require_vllm
+
+require_vllm()
 
 from conformance.protocol import deviations  # noqa: E402
 

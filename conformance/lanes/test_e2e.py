@@ -35,7 +35,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("vllm")
+from conformance.testing.requires import require_vllm
+
+require_vllm()
 
 from conformance.harness import e2e as E  # noqa: E402
 from conformance.harness.gpu_copy import cuda_skip_reason, shm_free_bytes  # noqa: E402

@@ -26,8 +26,9 @@ import pytest
 from hypothesis import example, given, settings
 
 from conformance.harness.strategies import SLOW_EXAMPLE_CHECKS
+from conformance.testing.requires import require_vllm
 
-pytest.importorskip("vllm")
+require_vllm()
 
 from conformance.harness import faults as FA  # noqa: E402
 from conformance.harness import fuzz as FZ  # noqa: E402

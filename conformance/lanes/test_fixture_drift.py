@@ -15,8 +15,12 @@ import pytest
 
 pytestmark = [pytest.mark.config]
 
-V = pytest.importorskip("vllm_adapter.vllm_api")
+from conformance.testing.requires import require_vllm  # noqa: E402
+
+require_vllm()
+
 from vllm_adapter import fixtures as F  # noqa: E402
+from vllm_adapter import vllm_api as V  # noqa: E402
 from vllm_adapter.derive import derive  # noqa: E402
 
 

@@ -32,7 +32,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("vllm")
+from conformance.testing.requires import require_vllm
+
+require_vllm()
 
 from conformance.harness import gpu_copy as G  # noqa: E402
 from conformance.harness.cases import DSV4, GEMMA  # noqa: E402

@@ -25,7 +25,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("vllm")
+from conformance.testing.requires import require_vllm
+
+require_vllm()
 
 from conformance.harness import safe_fs_faults as SF  # noqa: E402
 from conformance.harness import tiered as T  # noqa: E402

@@ -17,6 +17,13 @@ the chunks the reference loads for the first time in that pass (the CPU tier,
 large here, keeps what it promoted).  Tiers are large enough that nothing is
 refused: capacity effects are not part of this comparison.
 
+The same passes run through kvchunk's tier (``KvchunkTieringOffloadingSpec``)
+with the **packed** layout (one file per store job, each key a section): the
+packed files and sections on disk (per group), and pass 2's file opens and
+sections loaded, must equal what :mod:`reference.economics` counts from its own
+store and load jobs (read-once: the CPU tier keeps what it promoted), and so must
+pass 2's reads (runs of adjacent sections of one file).
+
 The predicted-versus-written table goes to the report (``econ:`` properties).
 A disagreement is a finding: a deviation with its smallest case in
 ``conformance/protocol/deviations/``, or a fix to the reference.
@@ -43,7 +50,7 @@ from conformance.harness.cases import DSV4, GEMMA  # noqa: E402
 from conformance.harness.fixture_runs import FixtureCase  # noqa: E402
 from conformance.protocol import deviations  # noqa: E402
 from conformance.protocol.versions import rules_for  # noqa: E402
-from reference.economics import serve  # noqa: E402
+from reference.economics import PACKED, layout_economics, serve  # noqa: E402
 from reference.workload import GpuCache, Span, Workload, WorkloadRequest, requests  # noqa: E402
 
 pytestmark = pytest.mark.data
@@ -192,7 +199,7 @@ def test_predicted_files_are_the_files_written(
     assert got_read == want_read, f"files read per group differ: {summary}"
 
 
-def _with_retention(case: EconomicsCase, root: Path) -> Any:
+def _with_retention(case: EconomicsCase, root: Path, spec: dict[str, Any] | None = None) -> Any:
     from conformance.harness.fixture_runs import fixture_driver
     from vllm_adapter.names import connector_module
 
@@ -200,6 +207,135 @@ def _with_retention(case: EconomicsCase, root: Path) -> Any:
     return fixture_driver(
         base.fixture, dict(base.extra), num_gpu_blocks=base.num_gpu_blocks,
         num_cpu_chunks=base.num_cpu_chunks, connector=base.connector,
-        connector_module_path=connector_module(base.connector), spec=T.tiering_spec(root),
+        connector_module_path=connector_module(base.connector),
+        spec=T.tiering_spec(root) if spec is None else spec,
         retention_interval=case.retention_interval,
     )
+
+
+# ---------------------------------------------------------------------------
+# kvchunk's tier, packed layout: one file per store job
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TierSnapshot:
+    """A packed tier's counters at one moment (:class:`vllm_adapter.chunk_file.TierCounters`)."""
+
+    files_stored: int
+    sections_stored: int
+    files_opened: int
+    sections_loaded: int
+    reads: int
+    sections_stored_per_group: dict[int, int]
+    sections_loaded_per_group: dict[int, int]
+
+    @classmethod
+    def of(cls, counters: Any) -> TierSnapshot:
+        return cls(
+            counters.files_stored, counters.sections_stored, counters.files_opened,
+            counters.sections_loaded, counters.reads,
+            dict(counters.sections_stored_per_group), dict(counters.sections_loaded_per_group),
+        )
+
+    def minus(self, before: TierSnapshot) -> TierSnapshot:
+        def sub(a: dict[int, int], b: dict[int, int]) -> dict[int, int]:
+            return {g: a.get(g, 0) - b.get(g, 0) for g in a.keys() | b.keys()
+                    if a.get(g, 0) != b.get(g, 0)}
+
+        return TierSnapshot(
+            self.files_stored - before.files_stored,
+            self.sections_stored - before.sections_stored,
+            self.files_opened - before.files_opened,
+            self.sections_loaded - before.sections_loaded,
+            self.reads - before.reads,
+            sub(self.sections_stored_per_group, before.sections_stored_per_group),
+            sub(self.sections_loaded_per_group, before.sections_loaded_per_group),
+        )
+
+
+def packed_on_disk(tier: Any) -> tuple[int, dict[int, int]]:
+    """The packed files under the tier's namespace, and their sections per group (headers read)."""
+    from vllm_adapter.packed_file import iter_packed_files, read_packed_index
+
+    files = 0
+    per_group: dict[int, int] = {}
+    for path in iter_packed_files(tier.namespace_dir):
+        files += 1
+        for section in read_packed_index(path).sections:
+            per_group[section.group] = per_group.get(section.group, 0) + 1
+    return files, per_group
+
+
+def _nonzero(counts: dict[int, int]) -> dict[int, int]:
+    return {g: n for g, n in sorted(counts.items()) if n}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c}-packed")
+def test_predicted_packed_files_are_the_files_kvchunks_tier_writes(
+    case: EconomicsCase,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    record_property: Any,
+    request: pytest.FixtureRequest,
+) -> None:
+    from conformance.harness import safe_fs_faults as SF
+
+    dev = deviations.find("kvchunk", "data", f"{case}-packed")
+    if dev is not None:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=dev.xfail_reason()))
+    record_property("fixture", case.fixture)
+    record_property("knob", f"block_size=512, {case.retention}, {case.shape}, packed tier")
+    reqs = _prompts(case.workload)
+    driver = _with_retention(case, tmp_path, SF.kvchunk_tiering_spec(tmp_path, layout="packed"))
+    from vllm_adapter.connector import resolve_for_vllm
+
+    chunking, _ = resolve_for_vllm(driver.vllm_config, driver.kv_cache_config)
+    first, second = predicted(case, chunking, reqs)
+    probe = T.FileProbe().install(monkeypatch)
+    session, runner = T.open_session(driver, BUDGET)
+    tier = SF.tier_of(session)
+    assert tier.layout == "packed", tier.layout
+    snapshots: list[TierSnapshot] = []
+    try:
+        T.run_workload_passes(
+            session, probe, tmp_path, [(r.prompt, OUTPUT_TOKENS) for r in reqs],
+            after_pass=lambda _: snapshots.append(TierSnapshot.of(tier.counters)),
+        )
+        files_on_disk, sections_on_disk = packed_on_disk(tier)
+    finally:
+        T.shutdown(session)
+    pass1, pass2 = snapshots[0], snapshots[1].minus(snapshots[0])
+    counters = tier.counters
+    groups = [gc.group.index for gc in chunking.groups]
+    packed1, packed2 = (layout_economics(PACKED, t.packed) for t in (first, second))
+    want = {
+        "files written": packed1.files_written + packed2.files_written,
+        "sections written": _nonzero({g: first.written[g] + second.written[g] for g in groups}),
+        "file opens (pass 2, read once)": packed2.file_opens_once,
+        "sections read (pass 2, read once)": _nonzero({g: second.read_once[g] for g in groups}),
+        "reads (pass 2, read once)": packed2.reads_once,
+    }
+    got = {
+        "files written": files_on_disk,
+        "sections written": _nonzero(sections_on_disk),
+        "file opens (pass 2, read once)": pass2.files_opened,
+        "sections read (pass 2, read once)": _nonzero(pass2.sections_loaded_per_group),
+        "reads (pass 2, read once)": pass2.reads,
+    }
+    for name in want:
+        record_property(f"econ:packed:predicted {name}", want[name])
+        record_property(f"econ:packed:{name}", got[name])
+    stats = runner.stats
+    summary = f"{case} packed: tier {got} (reference {want}); pass 1 {pass1}; {stats.describe()}"
+    assert counters.store_failures == 0 and counters.load_failures == 0, (
+        f"file I/O failed, the comparison needs a healthy tier: {list(counters.recent_bad)[:2]}; "
+        f"{summary}"
+    )
+    assert counters.bad_sections == 0 and not counters.bad_files, summary
+    assert stats.corrupted_loads == 0 and stats.foreign_bytes_changed == 0, summary
+    assert pass2.files_stored == 0, f"pass 2 wrote new files (pass 1 stored everything): {summary}"
+    # The tier's own counters agree with what is on disk.
+    assert (pass1.files_stored, _nonzero(pass1.sections_stored_per_group)) == (
+        files_on_disk, _nonzero(sections_on_disk)), summary
+    assert got == want, f"the packed tier differs from the reference: {summary}"

@@ -43,7 +43,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("vllm")
+from conformance.testing.requires import require_vllm  # noqa: E402
+
+require_vllm()
 
 from conformance.harness import driver as D  # noqa: E402
 from conformance.harness import safe_fs_faults as SF  # noqa: E402
@@ -51,7 +53,7 @@ from conformance.harness import spec_option  # noqa: E402
 from conformance.harness import tiered as T  # noqa: E402
 from conformance.harness.cases import DSV4, GEMMA  # noqa: E402
 from conformance.harness.fixture_runs import FixtureCase  # noqa: E402
-from conformance.protocol import deviations
+from conformance.protocol import deviations  # noqa: E402
 from conformance.protocol.trace import RequestSpec  # noqa: E402
 from vllm_adapter import safe_fs as S  # noqa: E402
 

@@ -26,7 +26,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("vllm")
+from conformance.testing.requires import require_vllm  # noqa: E402
+
+require_vllm()
 
 from conformance.harness import driver as D  # noqa: E402
 from conformance.harness import packed_faults as PF  # noqa: E402

@@ -20,7 +20,9 @@ from dataclasses import replace
 
 import pytest
 
-pytest.importorskip("vllm")
+from conformance.testing.requires import require_vllm
+
+require_vllm()
 
 from conformance.harness import driver as D  # noqa: E402
 from conformance.harness import vllm_harness_api as V  # noqa: E402

@@ -55,9 +55,9 @@ What it does:
    with ``--fs-path``: ``secondary_tiers: [{"type": "fs", "root_dir": ...}]``,
    plus ``n_read_threads`` / ``n_write_threads`` when given -- the
    ``FileSystemTierManager`` parameters of 0.33.0 and 0.34.0) writes one file
-   per chunk per group, each one CPU slot: the output states the file size and
-   the files per million tokens if every token were stored once
-   (``1e6 / tokens_per_chunk`` per group), for either spec.
+   per chunk per group, each one CPU slot: the output states the file size; the
+   files a workload writes and reads, per layout (per chunk, and kvchunk's packed
+   tier), are item 5's.
 5. **Workload** (:mod:`.economics`).  ``--workload`` (a preset of
    :data:`reference.workload.PRESETS`, default ``chat``: :data:`.args.DEFAULT_WORKLOAD`
    says why; or a TOML file) is served through the reference Planner under the

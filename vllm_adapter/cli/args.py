@@ -13,8 +13,15 @@ from typing import Any
 from pydantic import ByteSize
 
 from reference.geometry import Geometry
-from reference.knobs import BLOCK_SIZE, BLOCKS_PER_CHUNK, BlockSize, BlocksPerChunk, parse_knob
-from reference.workload import PRESETS, Workload, load_workload, preset
+from reference.knobs import (
+    BLOCK_SIZE,
+    BLOCKS_PER_CHUNK,
+    BlockSize,
+    BlocksPerChunk,
+    is_integer_string,
+    parse_knob,
+)
+from reference.workload import PRESETS, Workload, load_workload, preset, requests
 from vllm_adapter.disk_model import FS_MODEL_KEYS, FsModel
 from vllm_adapter.names import CPU_SPEC, KVCHUNK_CONNECTOR, TIERING_SPEC
 
@@ -64,18 +71,17 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(f"{message} (see '{self.prog} --help')")
 
 
-_DECIMAL = re.compile(r"^\s*\+?\d+\s*$")
-
-
 def _positive_int(text: str) -> int:
-    if not _DECIMAL.match(text) or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    if not is_integer_string(text) or int(text) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive integer, got {text!r} (digits, for example 4)"
+        )
     return int(text)
 
 
 def _non_negative_int(text: str) -> int:
-    if not _DECIMAL.match(text):
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    if not is_integer_string(text):
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0 such as 0 or 16, got {text!r}")
     return int(text)
 
 
@@ -83,7 +89,7 @@ def _retention(text: str) -> int | str:
     """An integer >= 0, or ``None`` / ``none`` (dense retention, vLLM's ``None``)."""
     if text.strip().lower() == "none":
         return DENSE
-    if not _DECIMAL.match(text):
+    if not is_integer_string(text):
         raise argparse.ArgumentTypeError(
             f"must be an integer >= 0 or None (dense retention), got {text!r}"
         )
@@ -237,6 +243,7 @@ def _fs_tier(args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     if not args.fs_path or not str(args.fs_path).strip():
         raise CliError(f"--spec-name {TIERING_SPEC}: give --fs-path DIR (the fs tier's root_dir)")
+    user_path("--fs-path", str(args.fs_path))  # the tier expands ~; an unknown ~user: fail here
     tier: dict[str, Any] = {"type": FS_TIER, "root_dir": str(args.fs_path)}
     if args.fs_read_threads is not None:
         tier["n_read_threads"] = args.fs_read_threads
@@ -345,6 +352,18 @@ class Request:
         return self.workload if self.workload is not None else preset(DEFAULT_WORKLOAD)
 
 
+def user_path(flag: str, text: str) -> Path:
+    """``text`` as a path, ``~`` and ``~user`` expanded; an unknown user is one line naming ``flag``."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:  # pathlib: "Could not determine home directory."
+        user = text.split("/", 1)[0]
+        raise CliError(
+            f"{flag} {text}: cannot expand {user!r} (no such user or no home directory); "
+            "give an absolute path such as /data/models/gemma-4-31B-it"
+        ) from None
+
+
 def _architecture(model_dir: Path) -> str:
     config_path = model_dir / "config.json"
     if not config_path.is_file():
@@ -413,7 +432,7 @@ def _workload(text: str) -> Workload:
     name = str(text).strip()
     if name in PRESETS:
         return preset(name)
-    path = Path(name).expanduser()
+    path = user_path("--workload", name)
     if not path.exists():
         raise CliError(
             f"--workload {text}: neither a preset ({', '.join(PRESETS)}) nor an existing file"
@@ -424,9 +443,20 @@ def _workload(text: str) -> Workload:
         raise CliError(f"--workload: {e}") from None
 
 
+def _check_prompts_fit(workload: Workload, given: str, max_model_len: int) -> None:
+    """vLLM refuses a prompt longer than ``max_model_len``: say so before the economics run."""
+    longest = max(len(r.prompt) for r in requests(workload))
+    if longest > max_model_len:
+        raise CliError(
+            f"--max-model-len {max_model_len}: workload {given}'s longest prompt is {longest} "
+            f"tokens, which vLLM would refuse; give --max-model-len {longest} or more, or a "
+            "workload with shorter prompts"
+        )
+
+
 def validate(args: argparse.Namespace) -> Request:
     """Everything that needs no vLLM: paths, numbers, knob exclusivity, the architecture."""
-    model_dir = Path(args.model).expanduser()
+    model_dir = user_path("--model", args.model)
     if not model_dir.exists():
         raise CliError(f"--model {args.model}: no such directory")
     if not model_dir.is_dir():
@@ -441,6 +471,8 @@ def validate(args: argparse.Namespace) -> Request:
         raise CliError("--plot needs --sweep (it draws the sweep)")
     if args.sweep and args.chunk_bytes is not None:
         raise CliError("--sweep sweeps --block-size or --blocks-per-chunk, not --chunk-bytes")
+    if args.max_model_len is not None:
+        _check_prompts_fit(workload, str(args.workload), args.max_model_len)
     retention = args.prefix_cache_retention_interval
     dense = retention == DENSE
     dtype = str(args.kv_cache_dtype).strip()
@@ -472,5 +504,5 @@ def validate(args: argparse.Namespace) -> Request:
         decode_storing=bool(args.decode_storing),
         fs_models=(FS_MODEL_KEYS[args.fs_model],) if args.fs_model else (),
         sweep=bool(args.sweep),
-        plot=Path(args.plot).expanduser() if args.plot is not None else None,
+        plot=user_path("--plot", args.plot) if args.plot is not None else None,
     )

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from reference.economics import Economics, economics
+from reference.economics import Economics, LayoutEconomics, economics
 from reference.knobs import Chunking, PerGroupBlocksPerChunk, resolve
 from reference.plan import Policy
 from reference.workload import Workload
@@ -23,17 +23,19 @@ from vllm_adapter.cli.result import (
     DiskTimeRow,
     FsModelInfo,
     GroupTraffic,
+    LayoutTraffic,
     PerGroupMap,
     Sweep,
     SweepPoint,
     Traffic,
 )
-from vllm_adapter.disk_model import Direction, FsModel, disk_time
+from vllm_adapter.disk_model import FsModel, disk_time_of
 
 __all__ = [
     "SweepInput",
     "forget_served",
     "fs_model_info",
+    "layout_traffic",
     "per_group_map",
     "plot_sweep",
     "serve",
@@ -74,33 +76,60 @@ def fs_model_info(model: FsModel) -> FsModelInfo:
     )
 
 
-def _bound(bounds: set[str]) -> str:
-    bounds.discard("-")
-    if not bounds:
-        return "-"
-    return bounds.pop() if len(bounds) == 1 else "mixed"
-
-
-def _disk_row(model: FsModel, per_group: Sequence[tuple[float, float, int]]) -> DiskTimeRow:
-    """``per_group``: (files written / M, files read / M, file bytes) per group."""
-    times: dict[Direction, tuple[float, str]] = {}
-    for direction in ("write", "read"):
-        parts = [
-            disk_time(model, written if direction == "write" else read, size, direction)
-            for written, read, size in per_group
-        ]
-        times[direction] = (sum(p.seconds for p in parts), _bound({p.bound for p in parts}))
+def _disk_row(
+    model: FsModel,
+    written: Sequence[tuple[float, int]],
+    read: Sequence[tuple[float, int]],
+) -> DiskTimeRow:
+    """``written`` / ``read``: ``(files per million, bytes of each)`` pairs."""
+    w = disk_time_of(model, written, "write")
+    r = disk_time_of(model, read, "read")
     return DiskTimeRow(
         fs_model=model.name,
-        write_seconds_per_million=times["write"][0],
-        write_bound=times["write"][1],
-        read_seconds_per_million=times["read"][0],
-        read_bound=times["read"][1],
+        write_seconds_per_million=w.seconds,
+        write_bound=w.bound,
+        read_seconds_per_million=r.seconds,
+        read_bound=r.bound,
+    )
+
+
+def layout_traffic(
+    e: Economics,
+    layout: LayoutEconomics,
+    file_bytes: Mapping[int, int],
+    models: Sequence[FsModel],
+) -> LayoutTraffic:
+    """One layout per million prompt tokens; disk time with each file (write) and each
+    open (read, every load) priced at its own bytes."""
+    written = layout.written_sizes(file_bytes)
+    opened = layout.opened_sizes(file_bytes)
+    return LayoutTraffic(
+        layout=layout.layout,
+        files_written_per_million=e.per_million(layout.files_written),
+        sections_written_per_million=e.per_million(layout.sections_written),
+        file_opens_per_million=e.per_million(layout.file_opens),
+        file_opens_once_per_million=e.per_million(layout.file_opens_once),
+        sections_read_per_million=e.per_million(layout.sections_read),
+        sections_read_once_per_million=e.per_million(layout.sections_read_once),
+        reads_per_million=e.per_million(layout.reads),
+        reads_once_per_million=e.per_million(layout.reads_once),
+        bytes_written_per_million=e.per_million(layout.bytes_written(file_bytes)),
+        bytes_read_per_million=e.per_million(layout.bytes_read(file_bytes)),
+        bytes_read_once_per_million=e.per_million(layout.bytes_read(file_bytes, once=True)),
+        disk=tuple(
+            _disk_row(
+                m,
+                [(e.per_million(n), size) for size, n in written],
+                [(e.per_million(n), size) for size, n in opened],
+            )
+            for m in models
+        ),
     )
 
 
 def traffic(e: Economics, file_bytes: Mapping[int, int], models: Sequence[FsModel]) -> Traffic:
-    """Per million prompt tokens: files and bytes per group, recomputed tokens, disk time."""
+    """Per million prompt tokens: files and bytes per group, recomputed tokens, disk time,
+    and both layouts side by side."""
     groups = tuple(
         GroupTraffic(
             index=g.index,
@@ -108,19 +137,19 @@ def traffic(e: Economics, file_bytes: Mapping[int, int], models: Sequence[FsMode
             file_bytes=file_bytes[g.index],
             files_written_per_million=e.per_million(g.files_written),
             files_read_per_million=e.per_million(g.files_read),
+            files_read_once_per_million=e.per_million(g.files_read_once),
             # int products first: exact, and no float overflow for an absurd chunk size
             bytes_written_per_million=e.per_million(g.files_written * file_bytes[g.index]),
             bytes_read_per_million=e.per_million(g.files_read * file_bytes[g.index]),
         )
         for g in e.groups
     )
-    per_group = [
-        (g.files_written_per_million, g.files_read_per_million, g.file_bytes) for g in groups
-    ]
+    layouts = tuple(layout_traffic(e, layout, file_bytes, models) for layout in e.layouts)
     return Traffic(
         groups=groups,
         files_written_per_million=e.per_million(e.files_written),
         files_read_per_million=e.per_million(e.files_read),
+        files_read_once_per_million=e.per_million(e.files_read_once),
         bytes_written_per_million=sum(g.bytes_written_per_million for g in groups),
         bytes_read_per_million=sum(g.bytes_read_per_million for g in groups),
         ideal_hit_per_million=e.per_million(e.ideal_tokens),
@@ -129,7 +158,9 @@ def traffic(e: Economics, file_bytes: Mapping[int, int], models: Sequence[FsMode
         recomputed_tail_per_million=e.per_million(e.recomputed_tail_tokens),
         recomputed_lost_per_million=e.per_million(e.recomputed_lost_tokens),
         recomputed_per_million=e.per_million(e.recomputed_tokens),
-        disk=tuple(_disk_row(m, per_group) for m in models),
+        disk=layouts[0].disk,
+        layouts=layouts,
+        packed_per_request=layout_traffic(e, e.packed_per_request, file_bytes, models),
     )
 
 

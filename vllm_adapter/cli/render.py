@@ -7,7 +7,15 @@ from pathlib import Path
 
 from pydantic import ByteSize
 
-from vllm_adapter.cli.result import GroupRow, PerGroupMap, Sizing, Sweep, Traffic
+from vllm_adapter.cli.result import (
+    GroupRow,
+    LayoutTraffic,
+    PerGroupMap,
+    Sizing,
+    Sweep,
+    SweepPoint,
+    Traffic,
+)
 from vllm_adapter.render import Align, TableFormat, render_table
 
 __all__ = ["COLUMNS", "render", "render_markdown", "render_text"]
@@ -22,7 +30,6 @@ COLUMNS = (
     "group bytes/chunk",
     "chunk bytes/worker",
     "chunks/GiB",
-    "files/1M tokens",
 )
 _RIGHT: Align = "right"
 _ALIGN: tuple[Align, ...] = (_RIGHT, "left", *(_RIGHT,) * (len(COLUMNS) - 2))
@@ -72,7 +79,6 @@ def _rows(sizing: Sizing) -> list[list[str]]:
             f"{g.group_bytes_per_chunk} ({human_bytes(g.group_bytes_per_chunk)})",
             f"{g.chunk_bytes_per_worker} ({human_bytes(g.chunk_bytes_per_worker)})",
             "-" if g.chunks_per_gib is None else f"{g.chunks_per_gib:g}",
-            f"{g.files_per_million_tokens:g}",
         ]
         for g in sizing.groups
     ]
@@ -112,9 +118,10 @@ def _cpu_text(sizing: Sizing) -> str:
 def _files_text(sizing: Sizing) -> str:
     files = sizing.files
     text = (
-        f"fs tier: one file per chunk per group, {files.file_bytes} B "
-        f"({human_bytes(files.file_bytes)}) each; {files.files_per_million_tokens:g} files "
-        "per million tokens (all groups)"
+        f"fs tier, per_chunk layout: one file per chunk per group, {files.file_bytes} B "
+        f"({human_bytes(files.file_bytes)}) each; packed layout: one file per store job, "
+        "each of its chunks a page-aligned section of that size (how many of each a workload "
+        "writes and reads: per 1M below)"
     )
     if files.fs_tier is not None:
         text += f"; root_dir {files.fs_tier['root_dir']}"
@@ -172,10 +179,18 @@ def _policy_text(sizing: Sizing) -> str:
     return f"vLLM {p.vllm_release} rules{known}; {kept}; {stored}"
 
 
+READ_MEANINGS = (
+    "every load: each load job reads its chunks from disk (a CPU tier that never holds them: "
+    "the disk's worst case); read once: each chunk read from disk once per pass (a CPU tier "
+    "that keeps what it promoted: what the tiered economics check verifies)"
+)
+
+
 def _traffic_text(t: Traffic) -> str:
     return (
         f"written {_n(t.files_written_per_million)} files ({_gb(t.bytes_written_per_million)}), "
-        f"read {_n(t.files_read_per_million)} files ({_gb(t.bytes_read_per_million)}); "
+        f"read {_n(t.files_read_per_million)} files every load ({_gb(t.bytes_read_per_million)}),"
+        f" {_n(t.files_read_once_per_million)} read once; "
         f"recomputed {_n(t.recomputed_per_million)} tokens (partial tail "
         f"{_n(t.recomputed_tail_per_million)}, lost chunks {_n(t.recomputed_lost_per_million)}) "
         f"of {_n(t.ideal_hit_per_million)} an ideal cache serves"
@@ -210,8 +225,8 @@ def _economics_lines(sizing: Sizing) -> list[tuple[str, str]]:
 
 
 TRAFFIC_COLUMNS = (
-    "group", "tokens/chunk", "file bytes", "files written/1M", "files read/1M",
-    "bytes written/1M", "bytes read/1M",
+    "group", "tokens/chunk", "file bytes", "files written/1M", "files read/1M (every load)",
+    "files read/1M (once)", "bytes written/1M", "bytes read/1M (every load)",
 )
 
 
@@ -223,6 +238,7 @@ def _traffic_rows(t: Traffic) -> list[list[str]]:
             f"{g.file_bytes} ({human_bytes(g.file_bytes)})",
             _n(g.files_written_per_million),
             _n(g.files_read_per_million),
+            _n(g.files_read_once_per_million),
             _gb(g.bytes_written_per_million),
             _gb(g.bytes_read_per_million),
         ]
@@ -230,51 +246,82 @@ def _traffic_rows(t: Traffic) -> list[list[str]]:
     ]
 
 
-DISK_COLUMNS = ("fs model", "latency/file", "threads", "GB/s (w/r)", "write s/1M", "read s/1M")
+LAYOUT_COLUMNS = (
+    "layout", "files written/1M", "sections written/1M", "file opens/1M (every load)",
+    "file opens/1M (once)", "reads/1M (every load)", "reads/1M (once)", "bytes written/1M",
+    "bytes read/1M (every load)", "bytes read/1M (once)",
+)
+LAYOUT_UNITS = {
+    "per_chunk": "one file per chunk per group (vLLM's fs tier)",
+    "packed": "one file per store job, its chunks as sections",
+    "packed_per_request": "one file per request, all its stored chunks as sections",
+}
+
+
+def _layout_rows(layouts: tuple[LayoutTraffic, ...]) -> list[list[str]]:
+    return [
+        [
+            x.layout, _n(x.files_written_per_million), _n(x.sections_written_per_million),
+            _n(x.file_opens_per_million), _n(x.file_opens_once_per_million),
+            _n(x.reads_per_million), _n(x.reads_once_per_million),
+            _gb(x.bytes_written_per_million), _gb(x.bytes_read_per_million),
+            _gb(x.bytes_read_once_per_million),
+        ]
+        for x in layouts
+    ]
+
+
+DISK_COLUMNS = (
+    "layout", "fs model", "latency/file", "threads", "GB/s (w/r)", "write s/1M",
+    "read s/1M (every load)",
+)
 
 
 def _disk_rows(sizing: Sizing, t: Traffic) -> list[list[str]]:
     models = {m.name: m for m in sizing.fs_models}
     rows = []
-    for d in t.disk:
-        m = models[d.fs_model]
-        lat = f"{m.file_latency_s * 1e3:g} ms"
-        if m.read_file_latency_s != m.file_latency_s:
-            lat = f"{m.file_latency_s * 1e3:.1f}/{m.read_file_latency_s * 1e3:.1f} ms"
-        rows.append([
-            d.fs_model, lat, str(m.concurrency),
-            f"{m.bandwidth_bps / 1e9:.2f}/{m.read_bandwidth_bps / 1e9:.2f}",
-            f"{_seconds(d.write_seconds_per_million)} ({d.write_bound})",
-            f"{_seconds(d.read_seconds_per_million)} ({d.read_bound})",
-        ])
+    for layout in t.layouts:
+        for d in layout.disk:
+            m = models[d.fs_model]
+            lat = f"{m.file_latency_s * 1e3:g} ms"
+            if m.read_file_latency_s != m.file_latency_s:
+                lat = f"{m.file_latency_s * 1e3:.1f}/{m.read_file_latency_s * 1e3:.1f} ms"
+            rows.append([
+                layout.layout, d.fs_model, lat, str(m.concurrency),
+                f"{m.bandwidth_bps / 1e9:.2f}/{m.read_bandwidth_bps / 1e9:.2f}",
+                f"{_seconds(d.write_seconds_per_million)} ({d.write_bound})",
+                f"{_seconds(d.read_seconds_per_million)} ({d.read_bound})",
+            ])
     return rows
 
 
 def _sweep_columns(sizing: Sizing, sweep: Sweep) -> tuple[str, ...]:
     return (
-        "knob", "B", "file size", "files written/1M", "files read/1M", "GB written/1M",
-        "recomputed/1M", "+recomputed",
+        "knob", "B", "layout", "section size", "files written/1M", "file opens/1M (every load)",
+        "GB written/1M", "recomputed/1M", "+recomputed",
         *(f"{m.name}: write+read s/1M" for m in sizing.fs_models),
     )
 
 
+def _sweep_row(p: SweepPoint, layout: LayoutTraffic) -> list[str]:
+    t = p.traffic
+    added = p.recomputed_added_per_million
+    return [
+        _knob_of(p.knob), str(p.blocks_per_chunk), layout.layout, human_bytes(p.file_bytes),
+        _n(layout.files_written_per_million), _n(layout.file_opens_per_million),
+        f"{layout.bytes_written_per_million / 1e9:,.2f}", _n(t.recomputed_per_million),
+        "-" if added is None else f"{added:+,.0f}",
+        *(
+            f"{_seconds(d.write_seconds_per_million + d.read_seconds_per_million)} "
+            f"({_bounds(d.write_bound, d.read_bound)})"
+            for d in layout.disk
+        ),
+    ]
+
+
 def _sweep_rows(sweep: Sweep) -> list[list[str]]:
-    rows = []
-    for p in sweep.points:
-        t = p.traffic
-        added = p.recomputed_added_per_million
-        rows.append([
-            _knob_of(p.knob), str(p.blocks_per_chunk), human_bytes(p.file_bytes),
-            _n(t.files_written_per_million), _n(t.files_read_per_million),
-            f"{t.bytes_written_per_million / 1e9:,.2f}", _n(t.recomputed_per_million),
-            "-" if added is None else f"{added:+,.0f}",
-            *(
-                f"{_seconds(d.write_seconds_per_million + d.read_seconds_per_million)} "
-                f"({_bounds(d.write_bound, d.read_bound)})"
-                for d in t.disk
-            ),
-        ])
-    return rows
+    """One row per layout per knob value."""
+    return [_sweep_row(p, layout) for p in sweep.points for layout in p.traffic.layouts]
 
 
 def _bounds(write: str, read: str) -> str:
@@ -297,7 +344,7 @@ def _knee_lines(sweep: Sweep) -> list[str]:
 def _sweep_text(sizing: Sizing, sweep: Sweep, fmt: TableFormat) -> list[str]:
     out = [
         f"sweep of {sweep.knob_name} (workload {sizing.workload.name}; per million prompt "
-        "tokens; +recomputed: the hit cost of each step up):",
+        "tokens; one line per layout; +recomputed: the hit cost of each step up):",
         "",
         render_table(_sweep_columns(sizing, sweep), _sweep_rows(sweep), fmt),
         "",
@@ -310,18 +357,41 @@ def _sweep_text(sizing: Sizing, sweep: Sweep, fmt: TableFormat) -> list[str]:
     return out
 
 
+def _alternative_unit(t: Traffic) -> str:
+    alt = t.packed_per_request
+    packed = next(x for x in t.layouts if x.layout == "packed")
+    return (
+        f"packed_per_request ({LAYOUT_UNITS[alt.layout]}; reference only, the tier packs per "
+        f"store job): {_n(alt.files_written_per_million)} files written, "
+        f"{_n(alt.file_opens_once_per_million)} file opens read once per 1M, vs packed "
+        f"{_n(packed.files_written_per_million)} and {_n(packed.file_opens_once_per_million)}"
+    )
+
+
 def _economics_tables(sizing: Sizing, fmt: TableFormat) -> list[str]:
     t = sizing.traffic
     bullet = "* " if fmt == "markdown" else ""
     out = [
         "",
-        f"per million prompt tokens of workload {sizing.workload.name} (reference.economics; "
-        "a load counts as a file read):",
+        f"per million prompt tokens of workload {sizing.workload.name} (reference.economics), "
+        "per_chunk layout by group:",
         "",
         render_table(TRAFFIC_COLUMNS, _traffic_rows(t), fmt, align=(_RIGHT,) * len(TRAFFIC_COLUMNS)),
         "",
-        "modelled disk time per million prompt tokens (files x max(latency / threads, "
-        "file bytes / bandwidth)):",
+        f"{bullet}{READ_MEANINGS}",
+        "",
+        "both layouts per million prompt tokens (a read: one run of adjacent sections of one "
+        "file read by one load job):",
+        "",
+        render_table(LAYOUT_COLUMNS, _layout_rows(t.layouts), fmt,
+                     align=("left", *(_RIGHT,) * (len(LAYOUT_COLUMNS) - 1))),
+        "",
+        *(f"{bullet}{x.layout}: {LAYOUT_UNITS[x.layout]}" for x in t.layouts),
+        f"{bullet}{_alternative_unit(t)}",
+        "",
+        "modelled disk time per million prompt tokens (per file: max(latency / threads, "
+        "file bytes / bandwidth); each file written priced with its own bytes, each file "
+        "open of every load with the bytes it reads):",
         "",
         render_table(DISK_COLUMNS, _disk_rows(sizing, t), fmt),
         "",

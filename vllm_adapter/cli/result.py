@@ -20,6 +20,7 @@ __all__ = [
     "GroupTraffic",
     "KnobInfo",
     "KvTransferConfig",
+    "LayoutTraffic",
     "ModelInfo",
     "PerGroupMap",
     "PolicyInfo",
@@ -130,9 +131,6 @@ class GroupRow:
     """What this group's layers fill of a chunk, per worker."""
     chunk_bytes_per_worker: int
     chunks_per_gib: float | None
-    files_per_million_tokens: float
-    """``1e6 / tokens_per_chunk``: one file per chunk of this group, every token stored
-    once (no reuse, no partial tails); the workload's figures are :attr:`Sizing.traffic`."""
 
 
 @dataclass(frozen=True)
@@ -141,12 +139,10 @@ class FileEconomics:
 
     One file per chunk per offloaded group, each one CPU-tier chunk slot (all rank
     copies, page-aligned: :attr:`CpuTier.slot_bytes`), whichever group it holds.
+    How many a workload writes and reads: :attr:`Sizing.traffic`.
     """
 
     file_bytes: int
-    files_per_million_tokens: float
-    """Summed over the offloaded groups (``1e6 / tokens_per_chunk`` each: every token
-    stored once; :attr:`Sizing.traffic` has what a workload writes and reads)."""
     fs_tier: dict[str, Any] | None
     """The configured fs tier (``secondary_tiers`` entry), ``None`` with the CPU spec."""
 
@@ -206,6 +202,7 @@ class GroupTraffic:
     file_bytes: int
     files_written_per_million: float
     files_read_per_million: float
+    files_read_once_per_million: float
     bytes_written_per_million: float
     bytes_read_per_million: float
 
@@ -223,6 +220,36 @@ class DiskTimeRow:
 
 
 @dataclass(frozen=True)
+class LayoutTraffic:
+    """One disk layout's files, opens and bytes per million prompt tokens
+    (:class:`reference.economics.LayoutEconomics`).
+
+    ``*_read_once``: each loaded key read from disk once per pass (a CPU tier that
+    keeps what it promoted; what the tiered economics check verifies); the others:
+    every load reads from disk (a CPU tier that never holds the chunk).
+    """
+
+    layout: str
+    """``per_chunk``, ``packed`` (one file per store job) or ``packed_per_request``."""
+    files_written_per_million: float
+    sections_written_per_million: float
+    """Keys written (per chunk: one per file)."""
+    file_opens_per_million: float
+    file_opens_once_per_million: float
+    sections_read_per_million: float
+    sections_read_once_per_million: float
+    reads_per_million: float
+    """Maximal runs of adjacent sections of one file a load job reads (per chunk: files)."""
+    reads_once_per_million: float
+    bytes_written_per_million: float
+    bytes_read_per_million: float
+    bytes_read_once_per_million: float
+    disk: tuple[DiskTimeRow, ...]
+    """Writes: each file with its own bytes; reads: each open (every load) with the bytes
+    it reads."""
+
+
+@dataclass(frozen=True)
 class Traffic:
     """What the workload writes to and reads from the offload tier under one chunking.
 
@@ -234,6 +261,9 @@ class Traffic:
     groups: tuple[GroupTraffic, ...]
     files_written_per_million: float
     files_read_per_million: float
+    """Every load read from disk (a CPU tier that never holds the chunk)."""
+    files_read_once_per_million: float
+    """Each loaded chunk read from disk once per pass (a CPU tier that keeps what it read)."""
     bytes_written_per_million: float
     bytes_read_per_million: float
     ideal_hit_per_million: float
@@ -246,6 +276,11 @@ class Traffic:
     """Whole chunks a request could not use (unaligned GPU hits, windows not kept, ...)."""
     recomputed_per_million: float
     disk: tuple[DiskTimeRow, ...]
+    layouts: tuple[LayoutTraffic, ...]
+    """The tier's layouts side by side: ``per_chunk`` then ``packed`` (one file per store
+    job)."""
+    packed_per_request: LayoutTraffic
+    """One file per request (reference only: the alternative packing unit)."""
 
 
 @dataclass(frozen=True)

@@ -40,10 +40,6 @@ from vllm_adapter.cli.result import (
 from vllm_adapter.disk_model import FS_MODELS, FsModel
 from vllm_adapter.names import CPU_SPEC, KVCHUNK_CONNECTOR, KVCHUNK_CONNECTOR_MODULE
 
-MILLION = 10**6
-"""Tokens per the files-per-million-tokens column (an int: ``int / int`` never overflows
-a float the way ``1e6 / n`` does for a huge ``n``)."""
-
 __all__ = [
     "SWEEP_POINTS",
     "GiB",
@@ -241,7 +237,6 @@ def _group_rows(
                 group_bytes_per_chunk=group_bytes_per_block * gc.blocks_per_chunk,
                 chunk_bytes_per_worker=chunk_bytes,
                 chunks_per_gib=round(GiB / chunk_bytes, 2) if chunk_bytes else None,
-                files_per_million_tokens=round(MILLION / gc.tokens_per_chunk, 2),
             )
         )
     return tuple(rows)
@@ -468,8 +463,6 @@ def plan(request: Request, *, debug: bool = False) -> Sizing:
         groups=groups,
         files=FileEconomics(
             file_bytes=cpu_tier.slot_bytes,
-            files_per_million_tokens=round(sum(MILLION / gc.tokens_per_chunk
-                                               for gc in knob.chunking.groups), 2),
             fs_tier=request.fs_tier,
         ),
         notes=tuple(notes),

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from reference.mathutil import cdiv
+from reference.geometry import cpu_row_bytes
 from reference.transfer import TransferLayout
 
 from .slots import SubSlot
@@ -96,12 +96,11 @@ class VllmCpuLayout:
     ) -> VllmCpuLayout:
         """``CPUOffloadingSpec``'s arithmetic (design notes section 1.7), stated independently."""
         copies = 1 if replicated else world_size
-        raw = worker_kv_bytes_per_block * copies * blocks_per_chunk
         return cls(
             page_bytes=tuple(int(p) for p in page_bytes),
             blocks_per_chunk=blocks_per_chunk,
             num_chunks=num_chunks,
-            row_stride=cdiv(raw, alignment) * alignment,
+            row_stride=cpu_row_bytes(worker_kv_bytes_per_block, copies, blocks_per_chunk, alignment),
             worker_offset=(0 if replicated else rank)
             * worker_kv_bytes_per_block
             * blocks_per_chunk,

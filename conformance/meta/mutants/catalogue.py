@@ -260,6 +260,28 @@ def _unit_check(name: str) -> Check:
     return Check("tests", f"tests/test_rules.py::{name}", _UNITS, run)
 
 
+# -- the disk eviction rule ---------------------------------------------------------
+
+_EVICTION = ("reference.eviction",)
+
+
+def _eviction_checks() -> tuple[Check, ...]:
+    """The eviction rule's tests (``reference/eviction.py`` is reached by no lane): its
+    direct test in ``tests/test_rules.py`` and ``tests/test_eviction.py``'s tests."""
+    from conformance.checks.units import unit_tests
+
+    def check(module: str, name: str, test: Callable[[], None]) -> Check:
+        def run(_: Mutant | None) -> None:
+            test()
+
+        return Check("tests", f"tests/{module}.py::{name}", _EVICTION, run)
+
+    return (
+        *(check("test_rules", name, test) for name, test in unit_tests() if "eviction" in name),
+        *(check("test_eviction", name, test) for name, test in unit_tests("test_eviction")),
+    )
+
+
 @cache
 def checks() -> tuple[Check, ...]:
     """The suite's checks, cheapest lane first, in a fixed order."""
@@ -278,6 +300,7 @@ def checks() -> tuple[Check, ...]:
         _fast_equals_spec_check(),
         *(_data_check(c) for c in _DATA_CASES),
         *(_unit_check(name) for name, _ in unit_tests()),
+        *_eviction_checks(),
     )
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from conformance.meta.mutants.source import (
     BLOCK_HASH,
+    CAPACITY,
     EAGLE,
     LAST_TOKEN,
     ORDER_KEYS,
@@ -72,6 +73,7 @@ TARGETS: dict[str, tuple[str, str]] = {
     "spec: block placement": ("reference.transfer", "place"),
     "spec: chunks of a job": ("reference.transfer", "chunks_of"),
     "spec: tensor region": ("reference.transfer", "TransferLayout.region_offset"),
+    "eviction unit": ("reference.eviction", "eviction_unit"),
 }
 """Where each rule lives now (re-point here when the reference moves a function)."""
 
@@ -245,6 +247,11 @@ MUTANTS: tuple[Mutant, ...] = (
        "spec: tensor region",
        one("return sum(self.page_bytes[:tensor]) * self.blocks_per_chunk[group]",
            "return sum(self.page_bytes[:tensor])")),
+    _r("rule_eviction_takes_a_prefix", CAPACITY,
+       "a file goes even when full-attention chunks that stay need it (a non-leaf: the "
+       "chunks after it in their prefix are stranded)", "eviction unit",
+       one("return None  # a full-attention chunk that stays would lose its parent",
+           "pass  # a full-attention chunk that stays would lose its parent")),
 )
 """Every rule mutant, in rule order."""
 

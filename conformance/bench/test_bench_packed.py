@@ -1,0 +1,482 @@
+"""Disk: kvchunk's packed file tier vs vLLM's per-chunk fs tier, on a preset workload's jobs.
+
+The jobs come from the reference: the ``chat`` and ``agentic`` presets
+(:mod:`reference.workload`), cut to the requests of their first sessions summing to at least
+``KVCHUNK_BENCH_PACKED_TOKENS`` prompt tokens (default 150,000) -- whole sessions, the first ones to arrive -- served by
+:mod:`reference.economics` under the chunking ``block_size`` 512 resolves to on the
+fixture geometry (as :func:`conformance.bench.economics.file_economics` and the CLI
+derive it; vLLM's engine is not run).  A recording engine keeps every store job's
+new keys and every load job's keys, in order.
+
+Both variants move the same rows of one page-aligned buffer (one row per key) on
+vLLM's ``DualQueueThreadPool`` with its 16 + 16 threads, ``O_DIRECT`` when the
+directory supports it, the page cache dropped before every read pass:
+
+* **per chunk** (vLLM's fs tier): every key one file named by vLLM's ``FileMapper``,
+  written and read by vLLM's ``batch_store_block`` / ``batch_load_block``, one pool
+  task per job;
+* **packed** (kvchunk's tier): one file per store job
+  (:func:`vllm_adapter.safe_fs.store_packed_file`, every key a checksummed section), and
+  per load job one :func:`~vllm_adapter.packed_file.load_packed` per distinct file
+  (:func:`vllm_adapter.safe_fs.load_packed_files` over a :class:`PackedIndex`).
+
+A row is one CPU-tier chunk row (``round_up(worker_kv_bytes_per_block x copies x
+blocks_per_chunk, 4096)``, the per-chunk tier's file), scaled down so one variant's
+store moves about ``KVCHUNK_BENCH_PACKED_MB`` MiB (default 256); the rows record both
+sizes.  Each pass is timed twice: on the disk as it is, and with a **simulated 2 ms per
+file** -- a sleep of 2 ms per file created or opened for reading, in the I/O thread
+before its I/O, so the 16 threads overlap their waits as a shared file system's
+metadata round trips would (vLLM's I/O is its C extension, so the sleep is per task:
+2 ms times the files the task touches).
+
+Targets (:data:`conformance.bench.TARGETS`, every preset and geometry): packed files
+written <= 1/4 of per-chunk, file opens for reads <= 1/2, bytes written <= 1.05 x (counts:
+exact, no interval); wall time with the simulated cost >= 3 x faster and on the plain disk
+>= 0.95 x (time ratios: per-chunk time / packed time, paired interval).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import mmap
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conformance.bench import GEOMETRIES, Variant, env_int, measure, record, rounded
+from conformance.testing.requires import require_vllm
+from reference import economics as E
+from reference.jobs import LoadJob
+from reference.keys import split_key
+from reference.mathutil import round_down
+from reference.workload import WorkloadRequest, preset, requests
+
+require_vllm()
+
+from conformance.bench.test_bench_disk import REPO, THREADS, drop_caches, filesystem  # noqa: E402
+from conformance.harness import vllm_harness_api as V  # noqa: E402
+from vllm_adapter import packed_file as P  # noqa: E402
+from vllm_adapter import safe_fs as S  # noqa: E402
+
+BLOCK_SIZE = 512
+WORKLOADS = ("chat", "agentic")
+PROMPT_TOKENS = env_int("KVCHUNK_BENCH_PACKED_TOKENS", 150_000)
+PACKED_MB = env_int("KVCHUNK_BENCH_PACKED_MB", 256)
+ROUNDS = env_int("KVCHUNK_BENCH_PACKED_ROUNDS", 3)
+FILE_COST_S = 0.002
+"""The simulated cost of one file create or open for reading (a shared file system's
+metadata round trips)."""
+SIMULATED = "simulated 2 ms per file"
+PAGE = 4096
+
+
+@dataclass(frozen=True)
+class WorkloadJobs:
+    """A workload prefix's store and load jobs on one geometry at ``block_size`` 512."""
+
+    geometry: str
+    workload: str
+    requests: int
+    prompt_tokens: int
+    blocks_per_chunk: int
+    file_bytes: int
+    """The per-chunk tier's real file (one CPU-tier row)."""
+    stores: tuple[tuple[bytes, ...], ...]
+    """Each store job's keys not stored before, in order (jobs with none dropped)."""
+    loads: tuple[tuple[bytes, ...], ...]
+    recomputed_tokens: int
+
+
+class _Recorder(E._Engine):
+    """The reference engine of :func:`reference.economics.economics`, keeping each job's keys."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.stores: list[tuple[bytes, ...]] = []
+        self.loads: list[tuple[bytes, ...]] = []
+        self._stored: set[bytes] = set()
+
+    def _count_store(self, keys: Sequence[bytes], tally: E.Tally) -> None:
+        super()._count_store(keys, tally)
+        new = tuple(k for k in dict.fromkeys(keys) if k not in self._stored)
+        self._stored.update(new)
+        if new:
+            self.stores.append(new)
+
+    def _count_load(self, load: LoadJob, tally: E.Tally) -> None:
+        super()._count_load(load, tally)
+        self.loads.append(tuple(load.keys))
+
+
+def prefix(reqs: Sequence[WorkloadRequest], tokens: int) -> list[WorkloadRequest]:
+    """The requests, in arrival order, of the workload's first sessions whose prompts sum
+    to at least ``tokens`` (whole sessions: a cut by arrival would keep only first turns,
+    which load nothing)."""
+    per_session: dict[int, int] = {}
+    for r in reqs:
+        per_session[r.session] = per_session.get(r.session, 0) + len(r.prompt)
+    kept: set[int] = set()
+    total = 0
+    for session, n in per_session.items():
+        if total >= tokens:
+            break
+        kept.add(session)
+        total += n
+    return [r for r in reqs if r.session in kept]
+
+
+@functools.cache
+def workload_jobs(geometry: str, workload: str) -> WorkloadJobs:
+    """Serve the workload prefix on the geometry's ``block_size`` 512 chunking; record its jobs."""
+    from vllm_adapter import fixtures as fx
+    from vllm_adapter.cli.sizing import release_policy, slot_bytes
+    from vllm_adapter.connector import resolve_for_vllm
+    from vllm_adapter.geometry import with_extra_config
+    from vllm_adapter.names import CPU_SPEC
+
+    data = fx.load_fixture(geometry)
+    sched = fx.rebuild_kv_cache_config(data, "scheduler")
+    base = {"spec_name": CPU_SPEC, "cpu_bytes_to_use": 1 << 30}
+    vc = with_extra_config(fx.make_vllm_config(data, {}), {"block_size": BLOCK_SIZE, **base})
+    chunking, vllm_extra = resolve_for_vllm(vc, sched)
+    worker = fx.rebuild_kv_cache_config(data, "worker")
+    config = V.build_offloading_config(with_extra_config(vc, {**vllm_extra, **base}), worker)
+    blocks = int(vllm_extra["blocks_per_chunk"])
+    copies = 1 if config.replicated_layout else int(config.parallel.world_size)
+    align = int(V.CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT)
+    file_bytes = slot_bytes(int(config.worker_kv_bytes_per_block), copies, blocks, align)
+    policy, _ = release_policy(V.VLLM_VERSION, vc, True)
+    wl = preset(workload)
+    reqs = prefix(list(requests(wl)), PROMPT_TOKENS)
+    engine = _Recorder(chunking, policy, wl.max_num_batched_tokens)
+    engine.gpu_cache = wl.gpu_cache
+    for req, hashes in E.hashed(reqs, chunking.tokens_per_hash):
+        engine.serve(req, hashes)
+    t = engine.tally
+    return WorkloadJobs(
+        geometry, workload, len(reqs), sum(len(r.prompt) for r in reqs), blocks, file_bytes,
+        tuple(engine.stores), tuple(engine.loads), t.tail + t.lost,
+    )
+
+
+def _groups_of(jobs: WorkloadJobs) -> int:
+    return max(split_key(k)[1] for job in jobs.stores for k in job) + 1
+
+
+class PackedCase:
+    """One workload's jobs, its buffer (a row per key), both tiers' files, and the pool."""
+
+    def __init__(self, jobs: WorkloadJobs, root: str) -> None:
+        self.jobs = jobs
+        keys = list(itertools.chain.from_iterable(jobs.stores))
+        self.row = {k: i for i, k in enumerate(keys)}
+        scaled = round_down((PACKED_MB << 20) // max(1, len(keys)), PAGE)
+        self.row_bytes = max(PAGE, min(jobs.file_bytes, scaled))
+        self.nbytes = len(keys) * self.row_bytes
+        self.root = root
+        self.buffer = mmap.mmap(-1, self.nbytes)
+        self.array = np.frombuffer(self.buffer, dtype=np.uint8)
+        pattern = np.frombuffer(os.urandom(1 << 20), dtype=np.uint8)
+        for start in range(0, self.nbytes, 1 << 20):
+            piece = self.array[start : start + (1 << 20)]
+            piece[:] = pattern[: piece.size]
+        self.pages = self.array.view(np.uint64)[::512]
+        self.pages[:] = np.arange(self.pages.size, dtype=np.uint64)
+        self.view = memoryview(self.buffer)
+        self.o_direct = V.probe_o_direct(root)
+        self.pool = V.DualQueueThreadPool(THREADS, THREADS, thread_name_prefix="kvchunk_bench_pk")
+        self._job = 0
+        # vLLM's names for the per-chunk tier
+        data_spec = _tier_spec(jobs.geometry, jobs.blocks_per_chunk)
+        mapper = V.FileMapper.from_offloading_spec(
+            os.path.join(root, "tier"), data_spec, blocks_per_file=jobs.blocks_per_chunk,
+            parallel_agnostic=True,
+        )
+        self.path = {
+            k: mapper.get_file_name(V.make_offload_key(*split_key(k))) for k in keys
+        }
+        self.packed_dir = os.path.join(root, "packed-tier")
+        self.io = S.ChunkIO(namespace=bytes(16), o_direct=self.o_direct)
+        self.index = S.PackedIndex()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        self.view.release()
+        del self.pages, self.array
+        self.buffer.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def loaded_intact(self) -> bool:
+        """Zero the buffer, load every load job through the packed tier: does every loaded
+        row's every page hold its own number again?"""
+        self.array[:] = 0
+        self.packed_load(0.0)
+        per_row = self.row_bytes // PAGE
+        loaded = sorted({self.row[k] for job in self.jobs.loads for k in job})
+        pages = np.concatenate([np.arange(r * per_row, (r + 1) * per_row) for r in loaded])
+        ok = bool(np.array_equal(self.pages[pages], pages.astype(np.uint64)))
+        self.pages[:] = np.arange(self.pages.size, dtype=np.uint64)
+        return ok
+
+    def offsets(self, keys: Sequence[bytes]) -> list[int]:
+        return [self.row[k] * self.row_bytes for k in keys]
+
+    def _run(self, enqueue: Callable[..., None], tasks: list[Callable[[], Any]]) -> None:
+        first = self._job
+        for task in tasks:
+            self._job += 1
+            enqueue(self._job, 1, [task])
+        self.pool.wait_idle()
+        results = self.pool.get_finished()
+        failed = [job for job, ok, _ in results if not ok]
+        assert len(results) == self._job - first and not failed, f"jobs failed: {failed[:5]}"
+
+    @staticmethod
+    def _costly(files: int, cost: float, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """``fn`` after ``cost`` seconds per file it touches, in the I/O thread."""
+        if not cost:
+            return fn
+
+        def task() -> Any:
+            time.sleep(files * cost)
+            return fn()
+
+        return task
+
+    # -- per chunk: vLLM's fs tier ------------------------------------------
+
+    def chunk_store(self, cost: float) -> None:
+        self._run(self.pool.enqueue_store, [
+            self._costly(len(job), cost, functools.partial(
+                V.batch_store_block, [self.path[k] for k in job], self.view,
+                self.offsets(job), self.row_bytes, self.o_direct))
+            for job in self.jobs.stores
+        ])
+
+    def chunk_load(self, cost: float) -> None:
+        self._run(self.pool.enqueue_load, [
+            self._costly(len(job), cost, functools.partial(
+                V.batch_load_block, [self.path[k] for k in job], self.view,
+                self.offsets(job), self.row_bytes, self.o_direct))
+            for job in self.jobs.loads
+        ])
+
+    def remove_chunk_files(self) -> None:
+        shutil.rmtree(os.path.join(self.root, "tier"), ignore_errors=True)
+
+    # -- packed: kvchunk's tier ---------------------------------------------
+
+    def _store_one(self, job: Sequence[bytes]) -> None:
+        path = P.packed_name(self.packed_dir, job)
+        sections = S.store_packed_file(
+            path, job, self.view, self.offsets(job), self.row_bytes, self.io
+        )
+        self.index.add(path, sections)
+
+    def packed_store(self, cost: float) -> None:
+        self._run(self.pool.enqueue_store, [
+            self._costly(1, cost, functools.partial(self._store_one, job))
+            for job in self.jobs.stores
+        ])
+
+    def _files_of(self, job: Sequence[bytes]) -> int:
+        where = [self.index.get(k) for k in job]
+        assert all(w is not None for w in where), "a load of a key no packed file holds"
+        return len({w[0] for w in where if w is not None})
+
+    def packed_load(self, cost: float) -> None:
+        self._run(self.pool.enqueue_load, [
+            self._costly(self._files_of(job), cost, functools.partial(
+                S.load_packed_files, self.index, job, self.view, self.offsets(job),
+                self.row_bytes, self.io))
+            for job in self.jobs.loads
+        ])
+
+    def remove_packed_files(self) -> None:
+        shutil.rmtree(self.packed_dir, ignore_errors=True)
+        self.index = S.PackedIndex()
+
+    # -- what each wrote -----------------------------------------------------
+
+    @staticmethod
+    def on_disk(root: str) -> tuple[int, int]:
+        """(files, bytes) under ``root`` (temporary files included: none should be left)."""
+        files = size = 0
+        for dirpath, _, names in os.walk(root):
+            for name in names:
+                files += 1
+                size += os.stat(os.path.join(dirpath, name)).st_size
+        return files, size
+
+
+@functools.cache
+def _tier_spec(geometry: str, blocks_per_chunk: int) -> Any:
+    from conformance.bench.test_bench_disk import tier_spec
+
+    return tier_spec(geometry, blocks_per_chunk)[0]
+
+
+def _fresh_root() -> str:
+    return tempfile.mkdtemp(prefix=".kvchunk-bench-", dir=os.environ.get("KVCHUNK_BENCH_DIR") or str(REPO))
+
+
+@functools.cache
+def measured_counts(geometry: str, workload: str) -> dict[str, int]:
+    """Files and bytes each tier wrote (counted on disk) and files each opened to read the
+    load jobs (vLLM's tier: one per key; the packed tier: its ``files_opened`` counter)."""
+    jobs = workload_jobs(geometry, workload)
+    case = PackedCase(jobs, _fresh_root())
+    try:
+        case.chunk_store(0.0)
+        case.packed_store(0.0)
+        chunk_files, chunk_bytes = case.on_disk(os.path.join(case.root, "tier"))
+        packed_files, packed_bytes = case.on_disk(case.packed_dir)
+        before = case.io.counters.files_opened
+        assert case.loaded_intact(), "the packed tier read back other bytes than it wrote"
+        counters = case.io.counters
+        assert counters.bad_sections == 0 and not counters.bad_files, counters.bad_files
+        return {
+            "per_chunk_files_written": chunk_files,
+            "packed_files_written": packed_files,
+            "per_chunk_read_opens": sum(len(job) for job in jobs.loads),
+            "packed_read_opens": counters.files_opened - before,
+            "per_chunk_bytes_written": chunk_bytes,
+            "packed_bytes_written": packed_bytes,
+            "row_bytes": case.row_bytes,
+        }
+    finally:
+        case.close()
+
+
+@pytest.fixture
+def disk_root() -> Any:
+    """As ``test_bench_disk``'s: a fresh directory in the checkout, or ``KVCHUNK_BENCH_DIR``."""
+    root = _fresh_root()
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+COUNTS = {
+    "packed_files_written": "files written",
+    "packed_read_opens": "file opens for reads",
+    "packed_bytes_written": "bytes written",
+}
+"""The counted figures (kind: what it counts); each a ratio packed / per chunk."""
+COUNT_PARAMS = [(g, w, k) for g in GEOMETRIES for w in WORKLOADS for k in COUNTS]
+
+
+@pytest.mark.parametrize(
+    "geometry,workload,kind", COUNT_PARAMS, ids=[f"{g}-{w}-{k}" for g, w, k in COUNT_PARAMS]
+)
+def test_packed_counts(benchmark: Any, geometry: str, workload: str, kind: str) -> None:
+    """Files written, file opens for reads and bytes written: packed / per chunk, exact."""
+    counts = benchmark.pedantic(measured_counts, (geometry, workload), rounds=1, iterations=1)
+    jobs = workload_jobs(geometry, workload)
+    # What must hold for any correct tier: vLLM's writes one file per stored key and the
+    # packed one a file per store job; every key is stored, so neither writes fewer bytes
+    # than its payloads.
+    keys = sum(len(job) for job in jobs.stores)
+    assert counts["per_chunk_files_written"] == keys
+    assert counts["packed_files_written"] == len(jobs.stores)
+    assert min(counts["per_chunk_bytes_written"], counts["packed_bytes_written"]) >= (
+        keys * counts["row_bytes"])
+    packed, chunk = counts[kind], counts[kind.replace("packed_", "per_chunk_")]
+    ratio = packed / chunk
+    record(
+        benchmark, kind=kind, what=COUNTS[kind], geometry=geometry, label=GEOMETRIES[geometry],
+        workload=workload, block_size=BLOCK_SIZE, blocks_per_chunk=jobs.blocks_per_chunk,
+        requests=jobs.requests, prompt_tokens=jobs.prompt_tokens, file_bytes=jobs.file_bytes,
+        recomputed_tokens=jobs.recomputed_tokens, store_jobs=len(jobs.stores),
+        load_jobs=len(jobs.loads), packed=packed, per_chunk=chunk,
+        packed_per_million=packed * 1e6 / jobs.prompt_tokens,
+        per_chunk_per_million=chunk * 1e6 / jobs.prompt_tokens,
+        ratio=ratio, ratio_ci=[ratio, ratio], **counts,
+    )
+
+
+PARAMS = [
+    (g, w, d, c)
+    for g in GEOMETRIES
+    for w in WORKLOADS
+    for d in ("store", "load")
+    for c in ("disk", "simulated")
+]
+
+
+@pytest.mark.parametrize(
+    "geometry,workload,direction,cost",
+    PARAMS,
+    ids=[f"{g}-{w}-{d}-{c}" for g, w, d, c in PARAMS],
+)
+def test_packed_vs_per_chunk(
+    benchmark: Any, disk_root: str, geometry: str, workload: str, direction: str, cost: str
+) -> None:
+    jobs = workload_jobs(geometry, workload)
+    assert jobs.stores and jobs.loads, f"{workload} stores or loads nothing at block_size 512"
+    case = PackedCase(jobs, disk_root)
+    per_file = FILE_COST_S if cost == "simulated" else 0.0
+    dropped: list[bool] = []
+    try:
+        counts = measured_counts(geometry, workload)
+        case.chunk_store(0.0)
+        case.packed_store(0.0)
+        if direction == "store":
+            candidate = Variant(lambda _: case.packed_store(per_file), case.remove_packed_files)
+            baseline = Variant(lambda _: case.chunk_store(per_file), case.remove_chunk_files)
+        else:
+            def cold() -> None:
+                dropped.append(drop_caches())
+
+            candidate = Variant(lambda _: case.packed_load(per_file), cold)
+            baseline = Variant(lambda _: case.chunk_load(per_file), cold)
+        about = {"kind": "packed_time_simulated" if per_file else "packed_time",
+                 "blocks_per_chunk": jobs.blocks_per_chunk, "target_checked": True}
+        m = measure(benchmark, candidate, {"per_chunk": baseline}, rounds=ROUNDS)
+        moved = case.nbytes if direction == "store" else sum(
+            len(job) for job in jobs.loads) * case.row_bytes
+        cand, base = m.median(), m.median("per_chunk")
+        million = 1e6 / jobs.prompt_tokens
+        record(
+            benchmark,
+            **about,
+            geometry=geometry,
+            label=GEOMETRIES[geometry],
+            workload=workload,
+            direction=direction,
+            cost=SIMULATED if per_file else "disk as it is",
+            block_size=BLOCK_SIZE,
+            requests=jobs.requests,
+            prompt_tokens=jobs.prompt_tokens,
+            recomputed_tokens=jobs.recomputed_tokens,
+            store_jobs=len(jobs.stores),
+            load_jobs=len(jobs.loads),
+            file_bytes=jobs.file_bytes,
+            **counts,
+            per_chunk_files_written_per_million=counts["per_chunk_files_written"] * million,
+            packed_files_written_per_million=counts["packed_files_written"] * million,
+            bytes=moved,
+            o_direct=case.o_direct,
+            filesystem=filesystem(os.path.realpath(disk_root)),
+            drop_caches=None if direction == "store" else bool(dropped and all(dropped)),
+            threads=THREADS,
+            **m.ratio_fields("per_chunk", speed=True, about=about),
+            packed_s_median=cand,
+            per_chunk_s_median=base,
+            packed_gbps=moved / cand / 1e9,
+            per_chunk_gbps=moved / base / 1e9,
+            candidate_s=rounded(m.candidate),
+            baseline_s=rounded(m.baselines["per_chunk"]),
+        )
+        if direction == "load":  # the timed rounds left the loaded rows as written
+            assert case.loaded_intact(), "the packed tier read back other bytes than it wrote"
+    finally:
+        case.close()
+

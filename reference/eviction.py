@@ -1,0 +1,758 @@
+"""Disk eviction that never strands a chunk, a plain per-file LRU to compare with, and
+the hit rate a disk of a given size gives.
+
+The disk
+    Files, each a set of chunk keys (:mod:`reference.keys`) with a size in bytes and
+    a last-use time.  The *eviction unit is a file*: with the ``packed`` layout one
+    file per store (one :class:`~reference.plan.Planner` store job: the keys one
+    GPU->CPU store of one request carries in one step, every group), with the
+    ``per_chunk`` layout one file per key (vLLM's file tier).
+
+What the disk index records (:meth:`PrefixStructure.observe`)
+    Keys alone do not say which chunk a key depends on: a key is the block hash at
+    its chunk's end plus the group, and a hash does not name its parent.  So the
+    index records, from the block hashes of every request whose chunks it stores
+    (the scheduler-side connector holds them when it builds a store job, and a
+    packed file's header can carry them per section): for each full-attention key,
+    the key of the chunk before it in its prefix (its *parent*); for each
+    *boundary* (a prefix ending at a multiple of the alignment span ``A``,
+    :attr:`~reference.knobs.Chunking.alignment_tokens`, named by the block hash at
+    its end), the keys a lookup ending there needs, :func:`reference.rules.needed_chunks`
+    of every group from token 0.
+
+Reachability (:meth:`Disk.stranded`)
+    A chunk on disk is *reachable* when a lookup with an empty GPU prefix cache (a
+    restarted engine, another engine on the same root: the disk on its own) could
+    load it, stated from the rules:
+
+    * a full-attention chunk is reachable iff every earlier chunk of its group in its
+      prefix is on disk (:func:`~reference.rules.needed_chunks` of a full group is
+      every chunk from 0 to the hit's end);
+    * a window chunk (any group with :func:`~reference.rules.window_in_chunks`) is
+      reachable iff some boundary it serves is *whole*: every chunk a hit ending at
+      that boundary needs is on disk and its full-attention chunks are reachable.
+      Hits end at boundaries under sparse retention (vLLM's default), where windows
+      are kept only before ``round_down(prompt - 1, A)`` and junctions
+      (:func:`~reference.rules.reachable_block_mask`); a window chunk that serves
+      no boundary (dense retention's final tail) counts as stranded.
+
+    ``stranded`` = the keys on disk that are not reachable.  A full-attention chunk
+    whose later boundary has no window on disk yet is *not* stranded: a later store
+    completes that boundary without rewriting it.
+
+The rule (:meth:`Disk.evictable`, :meth:`Disk.evict_for`)
+    A file may be evicted when its removal strands no full-attention chunk that
+    stays (no full-attention key outside it has its parent in it: a *leaf* of the
+    prefix structure); window chunks go with the boundary they serve: the files of
+    window chunks its removal strands go with it (its *unit*), under the same
+    condition.  Among the evictable files the least recently used goes.  The rule
+    also never admits a key that would be stranded on arrival (its parent is not on
+    disk, or it serves no whole boundary): it is dropped from the store plan.
+
+Plain LRU (:attr:`EvictionRule.LRU`)
+    Evicts the least recently used file, whatever depends on it, and admits every
+    key: the baseline (vLLM's per-file tier with an external evictor).  Its
+    stranded bytes are :meth:`Disk.stranded_bytes`.
+
+Not modelled: Mamba-align groups (their states are stored only at hand-offs) and
+chunkings without an alignment span (full groups of different spans); both are a
+``ValueError``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from reference.economics import MILLION, _Engine, hashed
+from reference.geometry import GroupKind
+from reference.keys import make_key, split_key
+from reference.knobs import Chunking
+from reference.plan import Planner, Policy
+from reference.rules import WindowRule, needed_chunks
+from reference.store import LookupResult, StorePlan
+from reference.workload import GpuCache, Workload, WorkloadRequest, requests
+
+__all__ = [
+    "BudgetedIndex",
+    "Disk",
+    "DiskEconomics",
+    "EvictionRule",
+    "Layout",
+    "PrefixStructure",
+    "disk_economics",
+    "eviction_unit",
+    "evictable",
+    "miss_ratio_curve",
+    "scaled",
+    "stranded",
+]
+
+
+class EvictionRule(Enum):
+    """Which file a full disk gives up."""
+
+    REACHABLE = "reachable"
+    """The rule: the least recently used file whose removal strands nothing that stays."""
+    LRU = "lru"
+    """Plain per-file LRU: the least recently used file (the baseline)."""
+
+
+class Layout(Enum):
+    """What one file holds (the eviction unit)."""
+
+    PACKED = "packed"
+    """Every key of one store job."""
+    PER_CHUNK = "per_chunk"
+    """One key."""
+
+
+# ---------------------------------------------------------------------------
+# The prefix structure
+# ---------------------------------------------------------------------------
+
+
+class PrefixStructure:
+    """What the index knows about the keys' prefixes (see the module docstring)."""
+
+    def __init__(self, chunking: Chunking, window_rule: WindowRule = WindowRule.TOKENS_BEFORE_END):
+        if chunking.alignment_tokens is None:
+            raise ValueError(
+                "eviction: the chunking has no alignment span (full-attention groups of "
+                "different chunk spans); give every full group one span, e.g. the knob "
+                "block_size"
+            )
+        for gc in chunking.groups:
+            if gc.group.kind is GroupKind.MAMBA_ALIGN:
+                raise ValueError(
+                    f"eviction: {gc.group.describe()} is a Mamba-align group; the eviction "
+                    "rule models full-attention and windowed groups only"
+                )
+        self.chunking = chunking
+        self.window_rule = window_rule
+        self.alignment = chunking.alignment_tokens
+        self.full_groups = frozenset(
+            gc.group.index for gc in chunking.groups if gc.window_in_chunks is None
+        )
+        self.parent: dict[bytes, bytes | None] = {}
+        """Full-attention key -> the key of the chunk before it in its prefix (None: chunk 0)."""
+        self.children: dict[bytes, set[bytes]] = {}
+        """Full-attention key -> the keys whose parent it is."""
+        self.full_at: dict[bytes, tuple[bytes, ...]] = {}
+        """Boundary -> the full-attention keys ending there (one per full group)."""
+        self.windows_at: dict[bytes, frozenset[bytes]] = {}
+        """Boundary -> the window keys a hit ending there needs."""
+        self.serves: dict[bytes, list[bytes]] = {}
+        """Window key -> the boundaries that need it."""
+
+    def is_full(self, key: bytes) -> bool:
+        return split_key(key)[1] in self.full_groups
+
+    def observe(self, block_hashes: Sequence[bytes]) -> None:
+        """Record the prefix structure of one request's hash chain (idempotent).  A
+        boundary already recorded names its whole prefix, so the walk starts after the
+        last one the chain shares with earlier chains."""
+        tph = self.chunking.tokens_per_hash
+        ends = range(self.alignment, len(block_hashes) * tph + 1, self.alignment)
+        first = 0
+        for i in range(len(ends) - 1, -1, -1):
+            if block_hashes[ends[i] // tph - 1] in self.full_at:
+                first = i + 1
+                break
+        for end in ends[first:]:
+            boundary = block_hashes[end // tph - 1]
+            full: list[bytes] = []
+            windows: list[bytes] = []
+            complete = True
+            for gc in self.chunking.groups:
+                g, hpc = gc.group.index, gc.hashes_per_chunk
+                chunks = needed_chunks(gc, 0, end, self.window_rule)
+                if gc.window_in_chunks is None:
+                    key = make_key(boundary, g)
+                    if key not in self.parent:
+                        parent = (make_key(block_hashes[end // tph - 1 - hpc], g)
+                                  if end > gc.tokens_per_chunk else None)
+                        self.parent[key] = parent
+                        if parent is not None:
+                            self.children.setdefault(parent, set()).add(key)
+                    full.append(key)
+                elif chunks.stop * hpc > len(block_hashes):
+                    complete = False  # an EAGLE peek past the chain: a longer one records it
+                else:
+                    windows.extend(make_key(block_hashes[(k + 1) * hpc - 1], g) for k in chunks)
+            if not complete or boundary in self.full_at:
+                continue
+            self.full_at[boundary] = tuple(full)
+            self.windows_at[boundary] = frozenset(windows)
+            for key in self.windows_at[boundary]:
+                self.serves.setdefault(key, []).append(boundary)
+
+    def reset(self) -> None:
+        for table in (self.parent, self.children, self.full_at, self.windows_at, self.serves):
+            table.clear()
+
+
+# ---------------------------------------------------------------------------
+# The disk: files, reachability, the rule
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _File:
+    keys: tuple[bytes, ...]
+    nbytes: int
+    last_use: int
+    ready: bool = False
+    pins: int = 0
+
+
+class Disk:
+    """Files on disk over a :class:`PrefixStructure`; the rule and the baseline."""
+
+    def __init__(self, structure: PrefixStructure) -> None:
+        self.structure = structure
+        self.files: dict[int, _File] = {}
+        self.file_of: dict[bytes, int] = {}
+        """Key -> the file holding it (pending stores included)."""
+        self.bytes = 0
+        self.peak_bytes = 0
+        """The most bytes ever on disk (pending stores included)."""
+        self.clock = 0
+        self._next_id = 0
+        self._dependents: dict[int, int] = {}
+        """File -> full-attention keys in other files whose parent it holds."""
+        self._leaves: list[tuple[int, int]] = []
+        """Heap of (last use, file) for files that were leaves then (checked when popped)."""
+        self._recency: OrderedDict[int, None] = OrderedDict()
+        """Every file, least recently used first."""
+
+    # -- state --------------------------------------------------------------
+
+    def tick(self) -> int:
+        self.clock += 1
+        return self.clock
+
+    def add(self, keys: Sequence[bytes], nbytes: int, ready: bool = False) -> int:
+        """A new file holding ``keys`` (none already on disk)."""
+        fid = self._next_id
+        self._next_id += 1
+        self.files[fid] = _File(tuple(keys), nbytes, self.tick(), ready)
+        self._recency[fid] = None
+        self._dependents[fid] = 0
+        self.bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.bytes)
+        s = self.structure
+        for key in keys:
+            self.file_of[key] = fid
+        for key in keys:
+            if not s.is_full(key):
+                continue
+            parent = s.parent.get(key)
+            if parent is not None and self.file_of.get(parent, fid) != fid:
+                self._dependents[self.file_of[parent]] += 1
+            for child in s.children.get(key, ()):
+                if self.file_of.get(child, fid) != fid:
+                    self._dependents[fid] += 1
+        self._push_if_leaf(fid)
+        return fid
+
+    def remove(self, fid: int) -> None:
+        f = self.files.pop(fid)
+        self.bytes -= f.nbytes
+        s = self.structure
+        for key in f.keys:
+            if not s.is_full(key):
+                continue
+            parent = s.parent.get(key)
+            if parent is not None and parent in self.file_of and self.file_of[parent] != fid:
+                owner = self.file_of[parent]
+                self._dependents[owner] -= 1
+                self._push_if_leaf(owner)
+        for key in f.keys:
+            del self.file_of[key]
+        del self._dependents[fid]
+        del self._recency[fid]
+
+    def touch(self, fid: int) -> None:
+        self.files[fid].last_use = self.tick()
+        self._recency.move_to_end(fid)
+        self._push_if_leaf(fid)
+
+    def _push_if_leaf(self, fid: int) -> None:
+        if self._dependents[fid] == 0:
+            heapq.heappush(self._leaves, (self.files[fid].last_use, fid))
+
+    # -- reachability ---------------------------------------------------------
+
+    def _full_reachable(self, key: bytes, memo: dict[bytes, bool]) -> bool:
+        """Every earlier full-attention chunk of the key's group in its prefix is on disk
+        (and the key's prefix is recorded)."""
+        parent = self.structure.parent
+        chain: list[bytes] = []
+        ok = True
+        node: bytes | None = key
+        while node is not None:
+            if node in memo:
+                ok = memo[node]
+                break
+            chain.append(node)
+            node = parent.get(node)
+        for n in reversed(chain):
+            ok = ok and n in self.file_of and n in parent
+            memo[n] = ok
+        return memo[key]
+
+    def stranded(self) -> frozenset[bytes]:
+        """Keys on disk that no lookup can load (see the module docstring): a
+        full-attention key with an earlier chunk of its group missing from its prefix;
+        a window key no boundary of which is whole (every key a hit ending there needs
+        on disk, its full-attention keys reachable)."""
+        s = self.structure
+        memo: dict[bytes, bool] = {}
+        whole: dict[bytes, bool] = {}
+
+        def is_whole(boundary: bytes) -> bool:
+            if boundary not in whole:
+                whole[boundary] = all(
+                    self._full_reachable(k, memo) for k in s.full_at[boundary]
+                ) and all(k in self.file_of for k in s.windows_at[boundary])
+            return whole[boundary]
+
+        out = set()
+        for key in self.file_of:
+            if s.is_full(key):
+                if not self._full_reachable(key, memo):
+                    out.add(key)
+            elif not any(is_whole(b) for b in s.serves.get(key, ())):
+                out.add(key)
+        return frozenset(out)
+
+    def stranded_bytes(self, key_bytes: Mapping[int, int]) -> int:
+        return sum(key_bytes[split_key(k)[1]] for k in self.stranded())
+
+    # -- the rule -------------------------------------------------------------
+
+    def _whole_without(self, boundary: bytes, gone: set[bytes]) -> bool:
+        """``boundary`` is whole with ``gone`` removed (its full chain intact by the
+        rule's invariant: nothing on disk is stranded)."""
+        s = self.structure
+        return all(k in self.file_of and k not in gone for k in s.full_at[boundary]) and all(
+            k in self.file_of and k not in gone for k in s.windows_at[boundary]
+        )
+
+    def unit(self, fid: int) -> tuple[int, ...] | None:
+        return eviction_unit(self, fid)
+
+    def lru_order(self) -> tuple[int, ...]:
+        """Every file, least recently used first."""
+        return tuple(self._recency)
+
+    def _next_unit(self) -> tuple[int, ...] | None:
+        """:meth:`evictable`'s first unit, from the heap of leaves."""
+        skipped: list[tuple[int, int]] = []
+        found = None
+        while self._leaves:
+            entry = heapq.heappop(self._leaves)
+            use, fid = entry
+            f = self.files.get(fid)
+            if f is None or f.last_use != use or self._dependents[fid]:
+                continue  # stale: used since, or no longer a leaf (pushed again when it is)
+            found = self.unit(fid)
+            if found is not None:
+                break
+            skipped.append(entry)
+        for entry in skipped:
+            heapq.heappush(self._leaves, entry)
+        return found
+
+    def _lru_file(self) -> tuple[int, ...] | None:
+        """Plain LRU: the least recently used file not being written or read."""
+        for fid in self._recency:
+            f = self.files[fid]
+            if f.ready and not f.pins:
+                return (fid,)
+        return None
+
+    def evict_for(
+        self, needed_bytes: int, budget: int, rule: EvictionRule
+    ) -> list[tuple[int, tuple[bytes, ...]]] | None:
+        """Evict by ``rule`` until ``needed_bytes`` more fit in ``budget``: the evicted
+        files (id, keys), or None, with nothing evicted, when nothing evictable makes
+        them fit."""
+        removed: list[tuple[int, _File]] = []
+        while self.bytes + needed_bytes > budget:
+            unit = self._next_unit() if rule is EvictionRule.REACHABLE else self._lru_file()
+            if unit is None:
+                for fid, f in reversed(removed):  # a refused store changes nothing
+                    self._restore(fid, f)
+                return None
+            for fid in unit:
+                removed.append((fid, self.files[fid]))
+                self.remove(fid)
+        return [(fid, f.keys) for fid, f in removed]
+
+    def _restore(self, fid: int, f: _File) -> None:
+        """Put an evicted file back with its id and use time (undoing :meth:`evict_for`)."""
+        new = self.add(f.keys, f.nbytes, f.ready)
+        self.files[fid] = self.files.pop(new)
+        self.files[fid].last_use = f.last_use
+        self._dependents[fid] = self._dependents.pop(new)
+        del self._recency[new]
+        self._recency[fid] = None
+        for later in [k for k in self._recency if self.files[k].last_use > f.last_use]:
+            self._recency.move_to_end(later)
+        for key in f.keys:
+            self.file_of[key] = fid
+        self._push_if_leaf(fid)
+
+    def arrives_stranded(self, keys: Sequence[bytes]) -> set[bytes]:
+        """Keys of a new file that would be stranded on arrival: a full-attention key
+        whose parent is neither on disk nor in the file, a window key with no boundary
+        whole once the file is on disk (keys in order: parents first)."""
+        s = self.structure
+        incoming = set(keys)
+        bad: set[bytes] = set()
+        for key in keys:
+            if not s.is_full(key):
+                continue
+            if key not in s.parent:
+                bad.add(key)
+                continue
+            parent = s.parent[key]
+            if parent is not None and (parent in bad or (
+                    parent not in self.file_of and parent not in incoming)):
+                bad.add(key)
+        have = (incoming - bad) | set(self.file_of)
+        for key in keys:
+            if s.is_full(key):
+                continue
+            if not any(
+                all(k in have for k in s.full_at[b]) and all(k in have for k in s.windows_at[b])
+                for b in s.serves.get(key, ())
+            ):
+                bad.add(key)
+        return bad
+
+
+def eviction_unit(disk: Disk, fid: int) -> tuple[int, ...] | None:
+    """The eviction rule: the files that go when file ``fid`` goes, or None when it may
+    not go.  It may go when its removal strands no full-attention chunk that stays (no
+    full-attention key outside the unit has its parent in it: a leaf of the prefix
+    structure); window chunks go with the boundary they serve (the files of the window
+    keys its removal strands join the unit, under the same condition).  Files being
+    written or read never go."""
+    s = disk.structure
+    files = [fid]
+    gone: set[bytes] = set()
+    todo = [fid]
+    while todo:
+        f = disk.files[todo.pop()]
+        if not f.ready or f.pins:
+            return None
+        gone.update(f.keys)
+        broken: set[bytes] = set()
+        for key in f.keys:
+            if s.is_full(key):
+                broken.add(split_key(key)[0])  # a boundary is named by its end's hash
+            else:
+                broken.update(s.serves.get(key, ()))
+        for key in f.keys:
+            if not s.is_full(key):
+                continue
+            if any(c in disk.file_of and c not in gone and disk.file_of[c] not in files
+                   for c in s.children.get(key, ())):
+                return None  # a full-attention chunk that stays would lose its parent
+        for boundary in broken:
+            if boundary not in s.windows_at:
+                continue
+            for w in s.windows_at[boundary]:
+                owner = disk.file_of.get(w)
+                if owner is None or owner in files:
+                    continue
+                if not any(disk._whole_without(b, gone) for b in s.serves[w]):
+                    files.append(owner)
+                    todo.append(owner)
+    return tuple(files)
+
+
+def evictable(disk: Disk) -> list[tuple[int, ...]]:
+    """Every unit the rule may evict now (:func:`eviction_unit` of each file), least
+    recently used file first; the rule evicts the first."""
+    units = (eviction_unit(disk, fid) for fid in disk.lru_order())
+    return [u for u in units if u is not None]
+
+
+def stranded(disk: Disk) -> frozenset[bytes]:
+    """:meth:`Disk.stranded`: the keys on disk no lookup can load."""
+    return disk.stranded()
+
+
+# ---------------------------------------------------------------------------
+# The index the Planner talks to
+# ---------------------------------------------------------------------------
+
+
+class BudgetedIndex:
+    """A disk tier's index within ``budget_bytes`` (``reference.plan.ChunkIndex``).
+
+    ``key_bytes``: bytes per key, per group index (or one size).  A file's size is the
+    sum of its keys'.  A store reserves its bytes when prepared (pending files count and
+    are never evicted), evicting by ``rule`` first; when it still does not fit it is
+    refused (None: the Planner retries next step), changing nothing.  A lookup hit and
+    a load refresh their files' use time; files being loaded are not evicted.
+    Call :meth:`observe` with each request's block hashes before its lookup.
+    """
+
+    def __init__(
+        self,
+        chunking: Chunking,
+        key_bytes: Mapping[int, int] | int,
+        budget_bytes: int,
+        rule: EvictionRule = EvictionRule.REACHABLE,
+        layout: Layout = Layout.PACKED,
+        window_rule: WindowRule = WindowRule.TOKENS_BEFORE_END,
+    ) -> None:
+        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be an int >= 0, got {budget_bytes!r}")
+        self.key_bytes = (
+            {gc.group.index: key_bytes for gc in chunking.groups}
+            if isinstance(key_bytes, int) else dict(key_bytes)
+        )
+        missing = [gc.group.index for gc in chunking.groups if gc.group.index not in self.key_bytes]
+        if missing:
+            raise ValueError(f"key_bytes has no size for group(s) {missing}; give one per group index")
+        self.budget = budget_bytes
+        self.rule = rule
+        self.layout = layout
+        self.structure = PrefixStructure(chunking, window_rule)
+        self.disk = Disk(self.structure)
+        self.files_written = 0
+        self.files_evicted = 0
+        self.files_read = 0
+        self.stores_refused = 0
+        self.keys_dropped = 0
+        """Keys left out of a store because they would arrive stranded (the rule only)."""
+
+    def observe(self, block_hashes: Sequence[bytes]) -> None:
+        self.structure.observe(block_hashes)
+
+    def _size(self, keys: Iterable[bytes]) -> int:
+        return sum(self.key_bytes[split_key(k)[1]] for k in keys)
+
+    # -- ChunkIndex -----------------------------------------------------------
+
+    def lookup(self, key: bytes) -> LookupResult:
+        fid = self.disk.file_of.get(key)
+        if fid is None:
+            return LookupResult.MISS
+        f = self.disk.files[fid]
+        if not f.ready:
+            return LookupResult.HIT_PENDING
+        self.disk.touch(fid)
+        return LookupResult.HIT
+
+    def prepare_store(self, keys: Sequence[bytes]) -> StorePlan | None:
+        """Room for the offered keys not on disk, evicting by the rule first; None (and
+        nothing changed) when they do not fit.  Under the rule, keys that would be
+        stranded on arrival are left out of the plan."""
+        new = list(dict.fromkeys(k for k in keys if k not in self.disk.file_of))
+        unknown = [k for k in new if self.structure.is_full(k) and k not in self.structure.parent]
+        if unknown:
+            raise ValueError(
+                f"prepare_store: key {unknown[0].hex()} has no recorded prefix; call "
+                "observe(block_hashes) with the request's block hashes first"
+            )
+        if self.rule is EvictionRule.REACHABLE and new:
+            bad = self.disk.arrives_stranded(new)
+            self.keys_dropped += len(bad)
+            new = [k for k in new if k not in bad]
+        if not new:
+            return StorePlan((), (), ())
+        files = [new] if self.layout is Layout.PACKED else [[k] for k in new]
+        added = [self.disk.add(f, self._size(f)) for f in files]  # pending: protected
+        evicted = self.disk.evict_for(0, self.budget, self.rule)
+        if evicted is None:
+            for fid in added:
+                self.disk.remove(fid)
+            self.stores_refused += 1
+            return None
+        self.files_evicted += len(evicted)
+        victims = tuple(k for _, ks in evicted for k in ks)
+        return StorePlan(tuple(new), tuple(range(len(new))), victims)
+
+    def complete_store(self, keys: Sequence[bytes], success: bool = True) -> None:
+        fids = dict.fromkeys(self.disk.file_of[k] for k in keys if k in self.disk.file_of)
+        for fid in fids:
+            f = self.disk.files[fid]
+            if f.ready:
+                continue
+            if success:
+                f.ready = True
+                self.files_written += 1
+                self.disk.touch(fid)
+            else:
+                self.disk.remove(fid)
+        if not success and self.rule is EvictionRule.REACHABLE:
+            self._drop_stranded()
+
+    def _drop_stranded(self) -> None:
+        """After a failed store, the files it strands go too (a failed store leaves no
+        trace; files being read stay until their load completes)."""
+        while True:
+            stranded = self.disk.stranded()
+            fids = {self.disk.file_of[k] for k in stranded}
+            fids = {fid for fid in fids if not self.disk.files[fid].pins}
+            if not fids:
+                return
+            for fid in fids:
+                self.disk.remove(fid)
+                self.files_evicted += 1
+
+    def prepare_load(self, keys: Sequence[bytes]) -> object:
+        fids = dict.fromkeys(self.disk.file_of[k] for k in keys)
+        for fid in fids:
+            f = self.disk.files[fid]
+            if not f.ready:
+                raise ValueError(f"prepare_load: a key of file {fid} is still being stored")
+            f.pins += 1
+            self.disk.touch(fid)
+        self.files_read += len(fids)
+        return None
+
+    def complete_load(self, keys: Sequence[bytes]) -> None:
+        for fid in dict.fromkeys(self.disk.file_of[k] for k in keys):
+            self.disk.files[fid].pins -= 1
+
+    def reset(self) -> None:
+        self.disk = Disk(self.structure)
+
+    # -- what an operator reads ---------------------------------------------------
+
+    def stranded_bytes(self) -> int:
+        return self.disk.stranded_bytes(self.key_bytes)
+
+
+# ---------------------------------------------------------------------------
+# What hit rate from a disk of this size
+# ---------------------------------------------------------------------------
+
+
+def scaled(workload: Workload, prompt_tokens: int = MILLION) -> Workload:
+    """``workload`` with a cold GPU cache and as many sessions as give about
+    ``prompt_tokens`` prompt tokens: sessions over time, turn by turn round-robin, so a
+    session's next turn comes back after every other session's (its reuse distance
+    grows with the sessions), and every reused token must come from the disk."""
+    per_session = sum(len(r.prompt) for r in requests(workload)) / workload.sessions
+    sessions = max(1, round(prompt_tokens / per_session))
+    return replace(
+        workload, name=f"{workload.name} ({sessions} sessions, cold GPU)", sessions=sessions,
+        gpu_cache=GpuCache.COLD,
+    )
+
+
+@dataclass(frozen=True)
+class DiskEconomics:
+    """One workload served over a disk of ``budget_bytes`` (totals; per million prompt
+    tokens with :meth:`per_million`)."""
+
+    workload: str
+    rule: EvictionRule
+    layout: Layout
+    budget_bytes: int | None
+    """None: unbounded (the chunk-granularity baseline)."""
+    prompt_tokens: int
+    offload_hit_tokens: int
+    """Tokens served from the disk."""
+    files_read: int
+    files_written: int
+    files_evicted: int
+    recomputed_for_space_tokens: int
+    """Tokens the unbounded disk served that this one did not (chunk granularity, what
+    the unbounded disk also recomputes, is not counted)."""
+    stranded_bytes: int
+    """Bytes on disk at the end that no lookup can load."""
+    bytes_on_disk: int
+
+    def per_million(self, count: int) -> float:
+        return count * MILLION / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens served from the disk, as a fraction of all prompt tokens."""
+        return self.offload_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def _serve(
+    chunking: Chunking, reqs: Sequence[tuple[WorkloadRequest, Sequence[bytes]]], policy: Policy,
+    max_num_batched_tokens: int, index: BudgetedIndex,
+) -> tuple[int, int, int]:
+    """(prompt tokens, GPU + disk tokens served, disk tokens served) over ``index``."""
+    engine = _Engine(chunking, policy, max_num_batched_tokens)
+    engine.index = index  # type: ignore[assignment]
+    engine.planner = Planner(chunking, index, policy)
+    engine.gpu_cache = GpuCache.COLD
+    for req, all_hashes in reqs:
+        index.observe(all_hashes)
+        engine.serve(req, all_hashes)
+    t = engine.tally
+    return t.prompt_tokens, t.gpu_hit + t.offload_hit, t.offload_hit
+
+
+def miss_ratio_curve(
+    chunking: Chunking,
+    workload: Workload,
+    sizes: Sequence[int],
+    rule: EvictionRule = EvictionRule.REACHABLE,
+    key_bytes: Mapping[int, int] | int = 1,
+    layout: Layout = Layout.PACKED,
+    policy: Policy = Policy(),  # noqa: B008  (a frozen dataclass)
+) -> tuple[DiskEconomics, ...]:
+    """:func:`disk_economics` at each of ``sizes`` (bytes).  The workload is hashed once
+    and served once over an unbounded disk (the baseline for tokens recomputed for lack
+    of space); a size at least that run's peak bytes never evicts nor refuses, so it is
+    that run, and only smaller sizes are served again.  The GPU cache is cold (see
+    :func:`scaled`)."""
+    reqs = hashed(list(requests(workload)), chunking.tokens_per_hash)
+
+    def run(size: int | None) -> tuple[DiskEconomics, int, int]:
+        index = BudgetedIndex(chunking, key_bytes, 2**62 if size is None else size, rule,
+                              layout, policy.window)
+        prompt, served, disk = _serve(chunking, reqs, policy, workload.max_num_batched_tokens,
+                                      index)
+        result = DiskEconomics(
+            workload=workload.name, rule=rule, layout=layout, budget_bytes=size,
+            prompt_tokens=prompt, offload_hit_tokens=disk, files_read=index.files_read,
+            files_written=index.files_written, files_evicted=index.files_evicted,
+            recomputed_for_space_tokens=0, stranded_bytes=index.stranded_bytes(),
+            bytes_on_disk=index.disk.bytes,
+        )
+        return result, served, index.disk.peak_bytes
+
+    unbounded, unbounded_served, peak = run(None)
+    out = []
+    for size in sizes:
+        if size >= peak:
+            out.append(replace(unbounded, budget_bytes=size))
+            continue
+        result, served, _ = run(size)
+        out.append(replace(result, recomputed_for_space_tokens=unbounded_served - served))
+    return tuple(out)
+
+
+def disk_economics(
+    chunking: Chunking,
+    workload: Workload,
+    budget_bytes: int,
+    rule: EvictionRule = EvictionRule.REACHABLE,
+    key_bytes: Mapping[int, int] | int = 1,
+    layout: Layout = Layout.PACKED,
+    policy: Policy = Policy(),  # noqa: B008  (a frozen dataclass)
+) -> DiskEconomics:
+    """Serve ``workload`` (GPU cache cold) over a disk of ``budget_bytes`` evicting by
+    ``rule``: hits, files read, written and evicted, tokens recomputed for lack of space,
+    stranded bytes at the end."""
+    (one,) = miss_ratio_curve(chunking, workload, (budget_bytes,), rule, key_bytes, layout, policy)
+    return one
