@@ -156,6 +156,18 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """README.md's generated regions from ``reports/`` and real CLI runs on the newest release.
+
+    ``scripts/gen_readme.py`` rewrites every ``<!-- generated:NAME -->`` region;
+    ``nox -s docs -- --check`` only compares (``tests/test_readme.py`` checks the same).
+    """
+    vllm = VLLM_VERSIONS[-1]
+    _install(session, vllm)
+    session.run("python", "scripts/gen_readme.py", *session.posargs, env=_env(vllm))
+
+
+@nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff everywhere; mypy --strict on the reference, default strictness on the rest.
 

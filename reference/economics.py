@@ -39,10 +39,15 @@ the caller gives per group (vLLM: one CPU-tier row per file).
 What it assumes
 ---------------
 * Nothing is refused: the index is unbounded (capacity effects are separate).
-* The GPU prefix cache holds what :class:`~reference.workload.GpuCache` says.
+* The GPU prefix cache holds what :class:`~reference.workload.GpuCache` says: ``cold``
+  (the default, and what ``conformance/lanes/test_tiered_economics.py`` checks against
+  vLLM) or ``hot_shared_prefix`` (modelled, not checked: vLLM's LRU block pool keeps the
+  sessions' recent blocks, not the shared prefix -- deviation
+  ``gpu-cache-keeps-recent-requests-not-the-shared-prefix``).
 * Junctions follow :attr:`Policy.offload_junctions`
   (:func:`reference.rules.shared_prefix_junction`); with a hot shared prefix the
-  GPU cache pins one at the GPU hit, as vLLM's does for a shared prefix.
+  GPU cache pins one at the GPU hit (:func:`reference.rules.gpu_prefix_hit`,
+  :func:`reference.rules.pinned_junction`).
 """
 
 from __future__ import annotations
@@ -53,16 +58,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from reference.jobs import LoadJob
+from reference.jobs import LoadJob, StoreJob
 from reference.keys import group_keys, prefix_block_hashes, split_key
-from reference.knobs import Chunking
+from reference.knobs import Chunking, GroupChunking
 from reference.mathutil import cdiv, round_down
 from reference.packed import header_bytes, packed_file_bytes, page_round, read_runs
 from reference.plan import BlockRef, Planner, Policy, ScheduledRequest
+from reference.plan_inputs import ChunkIndex
 from reference.rules import (
     first_kept_block,
     full_attention_end,
+    gpu_prefix_hit,
     hit_limit,
+    pinned_junction,
     shared_prefix_junction,
 )
 from reference.store import LookupResult, StorePlan
@@ -71,6 +79,7 @@ from reference.workload import GpuCache, Workload, WorkloadRequest, requests
 __all__ = [
     "MILLION",
     "Economics",
+    "Engine",
     "GroupEconomics",
     "LayoutEconomics",
     "LayoutTally",
@@ -405,15 +414,35 @@ class Tally:
 # ---------------------------------------------------------------------------
 
 
-class _Engine:
-    """Scheduler-side engine over a Planner: one request at a time, jobs done at once."""
+class Engine:
+    """Scheduler-side engine over a Planner: one request at a time, jobs done at once.
 
-    def __init__(self, chunking: Chunking, policy: Policy, budget: int) -> None:
+    The one engine loop of the project (:meth:`serve`): the economics counts its
+    jobs; :class:`conformance.harness.sim.SimEngine` subclasses it to move real bytes.
+    What a subclass changes are the hooks :meth:`_allocate` (block ids),
+    :meth:`_table_tokens` (how much of the request a block table covers),
+    :meth:`_allocated` (the tables are known), :meth:`_computing` (the model computes a token range), :meth:`_run_load` and
+    :meth:`_run_store` (execute a job; a store answers whether it succeeded), and the
+    ``index`` and ``pin_junctions`` it is built with.
+    """
+
+    def __init__(
+        self,
+        chunking: Chunking,
+        policy: Policy,
+        budget: int,
+        index: ChunkIndex | None = None,
+        *,
+        pin_junctions: bool = True,
+    ) -> None:
         self.chunking = chunking
         self.policy = policy
         self.budget = budget
-        self.index = UnboundedIndex()
+        self.index: ChunkIndex = UnboundedIndex() if index is None else index
         self.planner = Planner(chunking, self.index, policy)
+        self.pin_junctions = pin_junctions
+        """Shared-prefix junctions (:func:`pinned_junction`) go to the Planner as the
+        engine's ``shared_prefix_boundary``; False: never (the simulator's engine)."""
         self.num_groups = max(gc.group.index for gc in chunking.groups) + 1
         self.gpu_alignment = math.lcm(*(gc.group.tokens_per_block for gc in chunking.groups))
         self.tph = chunking.tokens_per_hash
@@ -434,10 +463,35 @@ class _Engine:
         """Keys stored by the request being served (its per-request file)."""
         self._ids = 0
 
-    def _blocks(self, n: int) -> list[int]:
+    # -- hooks ----------------------------------------------------------------
+
+    def _allocate(self, gc: GroupChunking, n: int) -> list[int]:
+        """``n`` fresh block ids for group ``gc`` (one pool for all groups; 0 is the null block)."""
         ids = list(range(self.next_block, self.next_block + n))
         self.next_block += n
         return ids
+
+    def _table_tokens(self, prompt_tokens: int, total_tokens: int) -> int:
+        """Tokens a request's block tables cover: the prompt and its output."""
+        return total_tokens
+
+    def _allocated(self, req_id: str, tables: Sequence[Sequence[int]]) -> None:
+        """The request's block tables (per group index, 0 a null block) are allocated."""
+
+    def _computing(self, req_id: str, tables: Sequence[Sequence[int]], start: int,
+                   end: int) -> None:
+        """The model computes tokens ``[start, end)`` of the request (nothing to do here)."""
+
+    def _run_load(self, req_id: str, load: LoadJob) -> None:
+        """Execute a load job (here: count it)."""
+        self._count_load(load, self.tally)
+
+    def _run_store(self, job_id: int, job: StoreJob) -> bool:
+        """Execute a store job (here: count it); whether it succeeded."""
+        self._count_store(job.keys, self.tally)
+        return True
+
+    # -- the loop ---------------------------------------------------------------
 
     def _junction(self, hashes: Sequence[bytes], n: int, computed: int, hit: int) -> int | None:
         """:func:`shared_prefix_junction` for this lookup (the offload side pins it)."""
@@ -458,20 +512,22 @@ class _Engine:
         return shared_prefix_junction(end, computed, hit, self.policy.retention_interval)
 
     def _gpu_hit(self, req: WorkloadRequest, hashes: Sequence[bytes], n: int) -> int:
-        if self.gpu_cache is GpuCache.COLD or not req.system_tokens:
-            return 0
+        """:func:`gpu_prefix_hit` under :attr:`gpu_cache`: is the request's system prompt held?"""
         units = req.system_tokens // self.tph
-        if not units or hashes[units - 1] not in self.hot_prefixes:
-            return 0
-        return round_down(min(req.system_tokens, n - 1), self.gpu_alignment)
+        held = (self.gpu_cache is GpuCache.HOT_SHARED_PREFIX and units > 0
+                and hashes[units - 1] in self.hot_prefixes)
+        return gpu_prefix_hit(req.system_tokens, n, self.gpu_alignment, held)
 
     gpu_cache: GpuCache = GpuCache.COLD
 
-    def serve(self, req: WorkloadRequest, all_hashes: Sequence[bytes]) -> None:
-        """One request, start to finish (``all_hashes``: its prompt's and output's hash units)."""
+    def serve(
+        self, req: WorkloadRequest, all_hashes: Sequence[bytes], req_id: str | None = None,
+    ) -> None:
+        """One request, start to finish (``all_hashes``: its prompt's and output's hash units;
+        ``req_id``: its id, else ``r<n>``)."""
         tally = self.tally
         self._ids += 1
-        rid = f"r{self._ids}"
+        rid = f"r{self._ids}" if req_id is None else req_id
         self._request_keys = []
         prompt = req.prompt
         n = len(prompt)
@@ -488,17 +544,20 @@ class _Engine:
         planner.new_request(rid, n)
         ext = planner.lookup(rid, hashes, n, gpu_hit)
         assert ext is not None, "nothing is in flight between requests: a lookup cannot defer"
-        junction = self._junction(hashes, n, gpu_hit, ext) or 0
-        if gpu_hit and self.policy.retention_interval is not None:
-            junction = max(junction, gpu_hit)  # the GPU cache pins the shared prefix it serves
+        junction = (
+            pinned_junction(self._junction(hashes, n, gpu_hit, ext), gpu_hit,
+                            self.policy.retention_interval)
+            if self.pin_junctions else 0
+        )
         served = gpu_hit + ext
 
         total = n + len(req.output)
+        table_tokens = self._table_tokens(n, total)
         tables: list[list[int]] = [[] for _ in range(self.num_groups)]
         refs: list[list[BlockRef]] = [[] for _ in range(self.num_groups)]
         for gc in self.chunking.groups:
             tpb = gc.group.tokens_per_block
-            ids = self._blocks(cdiv(total, tpb))
+            ids = self._allocate(gc, cdiv(table_tokens, tpb))
             cached = gpu_hit // tpb
             skip = first_kept_block(gc, served) if gc.window_in_chunks is not None else 0
             row = []
@@ -510,9 +569,10 @@ class _Engine:
                     row.append(BlockRef(b, has_block_hash=j < cached))
             tables[gc.group.index] = ids
             refs[gc.group.index] = row
+        self._allocated(rid, tables)
         load = planner.allocated(rid, refs, ext)
         if load is not None:
-            self._count_load(load, tally)
+            self._run_load(rid, load)
             assert planner.last_job_id is not None
             planner.job_done(planner.last_job_id, success=True)
 
@@ -520,31 +580,31 @@ class _Engine:
         first = True
         while done < n:
             todo = min(self.budget, n - done)
-            self._step(ScheduledRequest(
+            self._computing(rid, tables, done, done + todo)
+            self._step([ScheduledRequest(
                 req_id=rid, num_prompt_tokens=n, num_tokens=n, num_computed_tokens=done,
                 num_scheduled_tokens=todo, block_hashes=hashes,
                 new_block_ids=tuple(tuple(t) for t in tables) if first else None,
                 is_full_table=first, shared_prefix_boundary=junction,
-            ), tally)
+            )])
             done += todo
             first = False
         out = len(req.output)
         final_hashes = tuple(all_hashes[: total // self.tph])
         if out > 1:
-            self._step(ScheduledRequest(
+            self._computing(rid, tables, n, total - 1)
+            self._step([ScheduledRequest(
                 req_id=rid, num_prompt_tokens=n, num_tokens=total, num_computed_tokens=n,
                 num_scheduled_tokens=out - 1, block_hashes=final_hashes,
                 new_block_ids=tuple(tuple(t) for t in tables) if first else None,
                 is_full_table=first, shared_prefix_boundary=junction,
-            ), tally)
+            )])
         finished = ScheduledRequest(
             req_id=rid, num_prompt_tokens=n, num_tokens=total, num_computed_tokens=total - 1,
             num_scheduled_tokens=0, block_hashes=final_hashes, is_finished=True,
             shared_prefix_boundary=junction,
         )
-        for job_id, job in planner.step([], finished=[finished]):
-            self._count_store(job.keys, tally)
-            planner.job_done(job_id, success=True)
+        self._step([], finished=[finished])
         self.packed_per_request.write(self._request_keys, tally.packed_per_request)
 
         self.seen_hashes.update(all_hashes[: (total - 1) // self.tph])
@@ -563,10 +623,12 @@ class _Engine:
             tally.tail += ideal - max(served, boundary)
             tally.lost += max(0, boundary - served)
 
-    def _step(self, info: ScheduledRequest, tally: Tally) -> None:
-        for job_id, job in self.planner.step([info]):
-            self._count_store(job.keys, tally)
-            self.planner.job_done(job_id, success=True)
+    def _step(
+        self, scheduled: Sequence[ScheduledRequest], finished: Sequence[ScheduledRequest] = (),
+    ) -> None:
+        """One scheduler step: run the store jobs it gives."""
+        for job_id, job in self.planner.step(list(scheduled), finished=list(finished)):
+            self.planner.job_done(job_id, success=self._run_store(job_id, job))
 
     def _count_store(self, keys: Sequence[bytes], tally: Tally) -> None:
         """One store job: a file per key (per chunk), one file for all (packed)."""
@@ -582,6 +644,10 @@ class _Engine:
         tally.read_once.update(split_key(k)[1] for k in fresh)
         self.packed.read(load.keys, tally.packed, fresh)
         self.packed_per_request.read(load.keys, tally.packed_per_request, fresh)
+
+
+_Engine = Engine
+"""The name :mod:`reference.eviction` builds the engine by."""
 
 
 def hashed(
@@ -639,7 +705,7 @@ def _serve_hashed(
     gpu_cache: GpuCache,
     budget: int,
 ) -> list[Tally]:
-    engine = _Engine(chunking, policy, budget)
+    engine = Engine(chunking, policy, budget)
     engine.gpu_cache = gpu_cache
     tallies = []
     for batch in passes:

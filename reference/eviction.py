@@ -62,6 +62,7 @@ chunkings without an alignment span (full groups of different spans); both are a
 from __future__ import annotations
 
 import heapq
+import pickle
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -685,60 +686,106 @@ class DiskEconomics:
         return self.offload_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-def _serve(
-    chunking: Chunking, reqs: Sequence[tuple[WorkloadRequest, Sequence[bytes]]], policy: Policy,
-    max_num_batched_tokens: int, index: BudgetedIndex,
-) -> tuple[int, int, int]:
-    """(prompt tokens, GPU + disk tokens served, disk tokens served) over ``index``."""
+def _start(
+    chunking: Chunking, policy: Policy, max_num_batched_tokens: int, index: BudgetedIndex,
+) -> _Engine:
+    """An engine over ``index`` with a cold GPU cache (see :func:`scaled`)."""
     engine = _Engine(chunking, policy, max_num_batched_tokens)
-    engine.index = index  # type: ignore[assignment]
+    engine.index = index
     engine.planner = Planner(chunking, index, policy)
     engine.gpu_cache = GpuCache.COLD
+    return engine
+
+
+def _serve_from(
+    engine: _Engine, index: BudgetedIndex,
+    reqs: Sequence[tuple[WorkloadRequest, Sequence[bytes]]],
+) -> None:
     for req, all_hashes in reqs:
         index.observe(all_hashes)
         engine.serve(req, all_hashes)
-    t = engine.tally
-    return t.prompt_tokens, t.gpu_hit + t.offload_hit, t.offload_hit
+
+
+SNAPSHOTS = 32
+"""States of the unbounded run a curve keeps (evenly spaced in requests): a bounded run
+starts from the latest one it shares (see :func:`miss_ratio_curve`)."""
 
 
 def miss_ratio_curve(
     chunking: Chunking,
     workload: Workload,
-    sizes: Sequence[int],
+    sizes: Sequence[int] | int,
     rule: EvictionRule = EvictionRule.REACHABLE,
     key_bytes: Mapping[int, int] | int = 1,
     layout: Layout = Layout.PACKED,
     policy: Policy = Policy(),  # noqa: B008  (a frozen dataclass)
 ) -> tuple[DiskEconomics, ...]:
-    """:func:`disk_economics` at each of ``sizes`` (bytes).  The workload is hashed once
+    """:func:`disk_economics` at each of ``sizes`` (bytes; an int ``n``: ``n`` sizes evenly
+    spaced up to the unbounded run's peak bytes, ``peak * k // n`` for ``k`` = 1..n, the
+    last one the unbounded run itself).  The workload is hashed once
     and served once over an unbounded disk (the baseline for tokens recomputed for lack
-    of space); a size at least that run's peak bytes never evicts nor refuses, so it is
-    that run, and only smaller sizes are served again.  The GPU cache is cold (see
-    :func:`scaled`)."""
+    of space).  A disk of ``size`` bytes behaves exactly as the unbounded one until a
+    store would take it past ``size`` (nothing is evicted nor refused before), so:
+
+    * a size at least that run's peak bytes is that run;
+    * a smaller size continues from the latest state of the unbounded run, taken before a
+      request, whose peak bytes are at most ``size`` (:data:`SNAPSHOTS` states are kept,
+      evenly spaced in requests; a pickled copy: the run's objects are plain data).
+
+    The GPU cache is cold (see :func:`scaled`)."""
     reqs = hashed(list(requests(workload)), chunking.tokens_per_hash)
+    budget_of_run = workload.max_num_batched_tokens
 
-    def run(size: int | None) -> tuple[DiskEconomics, int, int]:
-        index = BudgetedIndex(chunking, key_bytes, 2**62 if size is None else size, rule,
-                              layout, policy.window)
-        prompt, served, disk = _serve(chunking, reqs, policy, workload.max_num_batched_tokens,
-                                      index)
-        result = DiskEconomics(
+    def new_index(size: int) -> BudgetedIndex:
+        return BudgetedIndex(chunking, key_bytes, size, rule, layout, policy.window)
+
+    def result(engine: _Engine, index: BudgetedIndex, size: int | None,
+               baseline_served: int) -> DiskEconomics:
+        t = engine.tally
+        return DiskEconomics(
             workload=workload.name, rule=rule, layout=layout, budget_bytes=size,
-            prompt_tokens=prompt, offload_hit_tokens=disk, files_read=index.files_read,
-            files_written=index.files_written, files_evicted=index.files_evicted,
-            recomputed_for_space_tokens=0, stranded_bytes=index.stranded_bytes(),
-            bytes_on_disk=index.disk.bytes,
+            prompt_tokens=t.prompt_tokens, offload_hit_tokens=t.offload_hit,
+            files_read=index.files_read, files_written=index.files_written,
+            files_evicted=index.files_evicted,
+            recomputed_for_space_tokens=baseline_served - (t.gpu_hit + t.offload_hit),
+            stranded_bytes=index.stranded_bytes(), bytes_on_disk=index.disk.bytes,
         )
-        return result, served, index.disk.peak_bytes
 
-    unbounded, unbounded_served, peak = run(None)
+    # The unbounded run, keeping (peak bytes so far, requests served, state) snapshots.
+    index = new_index(2**62)
+    engine = _start(chunking, policy, budget_of_run, index)
+    stride = max(1, -(-len(reqs) // SNAPSHOTS))
+    snapshots: list[tuple[int, int, bytes]] = []
+    for i, (req, all_hashes) in enumerate(reqs):
+        if i and i % stride == 0:
+            snapshots.append((index.disk.peak_bytes, i,
+                              pickle.dumps((engine, index), pickle.HIGHEST_PROTOCOL)))
+        index.observe(all_hashes)
+        engine.serve(req, all_hashes)
+    peak = index.disk.peak_bytes
+    served = engine.tally.gpu_hit + engine.tally.offload_hit
+    unbounded = result(engine, index, None, served)
+    if isinstance(sizes, int):
+        if sizes < 1:
+            raise ValueError(f"miss_ratio_curve: sizes must be >= 1 points, got {sizes}")
+        sizes = [max(1, peak * k // sizes) for k in range(1, sizes + 1)]
+
     out = []
     for size in sizes:
         if size >= peak:
             out.append(replace(unbounded, budget_bytes=size))
             continue
-        result, served, _ = run(size)
-        out.append(replace(result, recomputed_for_space_tokens=unbounded_served - served))
+        start = next((s for s in reversed(snapshots) if s[0] <= size), None)
+        if start is None:
+            index = new_index(size)
+            engine = _start(chunking, policy, budget_of_run, index)
+            first = 0
+        else:
+            engine, index = pickle.loads(start[2])
+            index.budget = size
+            first = start[1]
+        _serve_from(engine, index, reqs[first:])
+        out.append(result(engine, index, size, served))
     return tuple(out)
 
 

@@ -346,8 +346,8 @@ def speed_table(speeds: Sequence[Speed], device: torch.device) -> str:
     ]
     for s in speeds:
         lines.append(
-            f"| {s.shape} | {s.direction} | {s.nbytes / 2**20:.1f} | {s.fast_gbps:.2f} | "
-            f"{s.torch_gbps:.2f} | {s.fast_gbps / s.torch_gbps:.2f} |"
+            f"| {s.shape} | {s.direction} | {s.nbytes / 2**20:.1f} | {s.fast_gbps:.4g} | "
+            f"{s.torch_gbps:.4g} | {s.fast_gbps / s.torch_gbps:.4g} |"
         )
     return "\n".join(lines)
 

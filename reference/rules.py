@@ -587,3 +587,36 @@ def shared_prefix_junction(
     if retention_interval is None or full_end is None:
         return None
     return full_end if full_end > computed + hit_tokens else None
+
+
+# ---------------------------------------------------------------------------
+# The engine's GPU prefix cache (reference/economics.py)
+# ---------------------------------------------------------------------------
+
+
+def gpu_prefix_hit(
+    prefix_tokens: int, prompt_tokens: int, gpu_alignment: int, prefix_held: bool,
+) -> int:
+    """The GPU prefix cache's hit for a request whose first ``prefix_tokens`` are a
+    shared prefix (a system prompt): 0 unless the GPU cache holds that prefix
+    (``prefix_held``: an earlier request computed it and the cache kept it); else the
+    prefix, at most ``prompt_tokens - 1`` (the request's last token is always
+    computed), rounded down to ``gpu_alignment`` (the least common multiple of the
+    groups' tokens per block: a GPU hit ends where every group's blocks end)."""
+    if not prefix_held:
+        return 0
+    return round_down(min(prefix_tokens, prompt_tokens - 1), gpu_alignment)
+
+
+def pinned_junction(
+    offload_junction: int | None, gpu_hit: int, retention_interval: int | None,
+) -> int:
+    """The shared-prefix boundary a request's stores keep (0: none): the offload side's
+    :func:`shared_prefix_junction`, and, under sparse or periodic retention, the GPU hit
+    (the GPU cache pins the shared prefix it serves, so the windows at its end are
+    stored and a request that finds the prefix only offloaded can hit there); the later
+    of the two.  Dense retention keeps every window already: no GPU pin."""
+    junction = offload_junction or 0
+    if gpu_hit and retention_interval is not None:
+        junction = max(junction, gpu_hit)
+    return junction

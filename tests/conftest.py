@@ -20,9 +20,9 @@ settings.load_profile(os.environ.get("KVCHUNK_PROFILE", "ci"))
 # -- Once per CI run, not once per vLLM release ------------------------------------------
 
 RELEASE_INDEPENDENT = frozenset({
-    "test_bench_stats", "test_docs", "test_economics", "test_eviction", "test_packed_file", "test_gpu_ci", "test_gpu_smoke", "test_invariants",
-    "test_keys", "test_knobs", "test_plan", "test_policies", "test_readme", "test_report_tiers",
-    "test_require_vllm", "test_rules", "test_semantics_coverage", "test_transfer", "test_transfer_catches",
+    "test_bench_stats", "test_docs", "test_economics", "test_eviction", "test_gpu_ci",
+    "test_gpu_smoke", "test_invariants", "test_keys", "test_knobs", "test_plan", "test_policies", "test_report_tiers",
+    "test_packed_file", "test_require_vllm", "test_rules", "test_semantics_coverage", "test_transfer", "test_transfer_catches",
     "test_transfer_fast", "test_transfer_shared",
 })
 """Test modules that import no vLLM (``tests/test_release_independent.py`` checks it): their
@@ -30,9 +30,12 @@ outcome cannot depend on the release, so ``nox -s tests`` runs them once, on the
 release (the newest runs :data:`HARNESS_ONCE`; CI runs the two releases' chains side by
 side, so each carries one of the two once-only sets)."""
 
-HARNESS_ONCE = frozenset({"test_protocol", "test_spec_option", "test_unknown_release"})
+HARNESS_ONCE = frozenset({
+    "test_protocol", "test_readme", "test_spec_option", "test_unknown_release",
+})
 """Tests of the suite's own options (``--spec``, ``--vllm-rules``, PROTOCOL.md's commands)
-that start vLLM in subprocesses: run once, on the newest release; the lanes they drive run
+that start vLLM in subprocesses, and the README's generated CLI samples (the newest
+release's output): run once, on the newest release; the lanes they drive run
 on every release in ``nox -s conformance``."""
 
 

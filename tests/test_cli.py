@@ -333,6 +333,11 @@ PRE_IMPORT_ERRORS = [
     ([*GEMMA, "--frobnicate"], "unrecognized arguments: --frobnicate"),
     ([*GEMMA, "--kv-cache-dtype", "fp8; rm"], "not a KV-cache dtype name"),
     (["--model", str(MODELS / "gemma-4-31B-it" / "config.json"), "-tp", "2"], "not a directory"),
+    ([*GEMMA, "--disk-bytes", "0"], "argument --disk-bytes: must be a positive whole number"),
+    ([*GEMMA, "--disk-bytes", "-5"], "argument --disk-bytes: must be a byte count such as"),
+    ([*GEMMA, "--disk-bytes", "2TB!"], "argument --disk-bytes: must be a byte count such as"),
+    ([*GEMMA, "--plot", "x.png"], "--plot needs --sweep or --sweep-disk"),
+    ([*GEMMA, "--sweep", "--sweep-disk", "--plot", "x.png"], "give --sweep or --sweep-disk"),
 ]
 
 
@@ -950,3 +955,45 @@ def test_malformed_workload_file_is_one_line_naming_the_field(
 )
 def test_economics_flag_errors_are_one_line(argv: list[str], needle: str) -> None:
     assert_one_line_error(*run(argv), needle)
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_disk_budget_and_miss_ratio_curve() -> None:
+    """``--disk-bytes`` / ``--sweep-disk`` on DeepSeek-V4 ``block_size`` 512: a disk at least
+    the unbounded run's peak evicts nothing and serves what the unbounded disk serves; a
+    smaller one serves fewer hits; both rules side by side; the rule strands nothing; the
+    table and markdown carry the JSON's numbers."""
+    flags = [*DSV4, "--block-size", "512", "--disk-bytes", "1PiB", "--sweep-disk"]
+    d = doc(flags)["disk"]
+    assert d["prompt_tokens"] >= 900_000 and "sessions" in d["scaling"]
+    curve = d["curve"]
+    assert len(curve) == 8
+    sizes = [p["budget_bytes"] for p in curve]
+    assert sizes == sorted(sizes) and len(set(sizes)) == 8
+    unbounded = curve[-1]  # the peak itself: nothing had to go
+    for rule in ("rule", "lru"):
+        assert unbounded[rule]["files_evicted_per_million"] == 0
+        assert unbounded[rule]["recomputed_for_space_per_million"] == 0
+        assert unbounded[rule]["bytes_on_disk"] <= unbounded["budget_bytes"]
+    assert [r["rule"] for r in d["at_budget"]] == ["reachable", "lru"]
+    for at, rule in zip(d["at_budget"], ("rule", "lru"), strict=True):
+        assert at["budget_bytes"] == 1 << 50
+        assert at["files_evicted_per_million"] == 0
+        assert at["hits_per_million"] == unbounded[rule]["hits_per_million"]
+    smallest = curve[0]
+    for rule in ("rule", "lru"):
+        assert smallest[rule]["hits_per_million"] < unbounded[rule]["hits_per_million"]
+        assert smallest[rule]["files_evicted_per_million"] > 0
+        assert smallest[rule]["bytes_on_disk"] <= smallest["budget_bytes"]
+        assert smallest[rule]["recomputed_for_space_per_million"] > 0
+    assert all(p["rule"]["stranded_bytes"] == 0 for p in curve)
+    assert all(p["rule"]["rule"] == "reachable" and p["lru"]["rule"] == "lru" for p in curve)
+    for fmt in ("table", "markdown"):
+        rc, out, err = run([*flags, "--format", fmt])
+        assert rc == 0 and err == "", err
+        assert "hit rate (rule)" in out and "hit rate (LRU)" in out and "LRU stranded" in out
+        assert f"{smallest['lru']['stranded_bytes']} (" in out
+        for p in curve:
+            assert f"{p['budget_bytes']} (" in out
+            assert f"{p['rule']['hit_rate']:.1%}" in out and f"{p['lru']['hit_rate']:.1%}" in out

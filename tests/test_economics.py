@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -199,12 +200,73 @@ def test_session_hash_chains_equal_per_request_hashing() -> None:
         assert tuple(prefix_block_hashes(req.prompt + req.output, 4)) == hashes
 
 
+PRESET_STATEMENTS: dict[str, dict[str, str]] = {
+    "chat": {
+        "4 turns per conversation": "turns",
+        "we take 4 turns": "turns",
+        "1,800-token system prompt": "system_tokens",
+        "user turns of 32-256": "turn_tokens",
+        "outputs of 128-512 tokens": "output_tokens",
+        "90 sessions": "sessions",
+    },
+    "rag": {
+        "2 questions per session": "turns",
+        "one of 16 long shared documents": "documents",
+        "documents (6-10k tokens": "document_tokens",
+        "600-token instruction prompt": "system_tokens",
+        "questions of 16-96 tokens": "turn_tokens",
+        "answers of 128-384 tokens": "output_tokens",
+        "60 sessions": "sessions",
+    },
+    "agentic": {
+        "20 tool-use turns per session": "turns",
+        "3,000-token system prompt": "system_tokens",
+        "20 turns": "turns",
+        "tool outputs of 256-2048 tokens": "turn_tokens",
+        "model outputs of 64-384 tokens": "output_tokens",
+        "4 sessions": "sessions",
+    },
+}
+"""Each phrase of a preset's description or source that states one of its fields."""
+
+PRESET_CITATIONS: dict[str, tuple[str, ...]] = {
+    "chat": ("LMSYS-Chat-1M", "(Zheng et al., 2023)", "about 2 turns per conversation", "about 70 user tokens",
+             "215 response tokens", "commonly 1-3k tokens"),
+    "rag": (),
+    "agentic": ("contexts grow to 20-40k tokens",),
+}
+"""Numbers a preset's text quotes from elsewhere (not its own fields)."""
+
+_TOTAL = re.compile(r"give about (\d+(?:\.\d+)?)M prompt tokens")
+
+
+def _numbers(phrase: str) -> tuple[int, ...]:
+    """The numbers a phrase states: ``1,800`` is 1800, ``6-10k`` is (6000, 10000)."""
+    scale = 1000 if re.search(r"\d+k\b", phrase) else 1
+    return tuple(int(n.replace(",", "")) * scale for n in re.findall(r"\d[\d,]*\d|\d", phrase))
+
+
 @pytest.mark.parametrize("name", PRESETS)
 def test_presets_state_their_numbers_and_sources(name: str) -> None:
+    """Every number a preset's description and source state is one of its TOML fields (or
+    a quoted figure from elsewhere, listed), and the stated total is what its requests hold."""
     w = preset(name)
-    assert w.name == name and len(w.source) > 80 and w.description
+    assert w.name == name and w.description and w.source
+    text = " ".join(f"{w.description} {w.source}".split())
+    for phrase, field in PRESET_STATEMENTS[name].items():
+        assert phrase in text, f"{name}: {phrase!r} is no longer stated; update the statements"
+        value = getattr(w, field)
+        have = (value.low, value.high) if isinstance(value, Span) else (value,)
+        assert _numbers(phrase) == have, f"{name}: {phrase!r} states {field} but the file has {have}"
+    stated = _TOTAL.search(text)
+    assert stated is not None, f"{name}: the text states no total ('give about XM prompt tokens')"
     total = sum(len(r.prompt) for r in requests(w))
+    assert abs(total - float(stated[1]) * 1e6) <= 0.1e6, f"{name}: {total} prompt tokens, not {stated[0]}"
     assert 800_000 <= total <= 1_500_000, f"{name}: {total} prompt tokens, not about 1M"
+    rest = text
+    for phrase in (*PRESET_STATEMENTS[name], *PRESET_CITATIONS[name], stated[0]):
+        rest = rest.replace(phrase, "")
+    assert not re.search(r"\d", rest), f"{name}: a number not checked against the file: {rest!r}"
 
 
 @pytest.mark.parametrize(

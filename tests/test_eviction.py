@@ -259,3 +259,33 @@ def test_the_eviction_rule_is_stated_tested_and_mutated() -> None:
         assert name in functions, f"§10 names eviction.{name}, which reference/eviction.py lacks"
         assert name in tested, f"no tests/test_rules.py test calls eviction.{name}"
         assert name in mutated, f"no mutant of eviction.{name}"
+
+
+def test_a_curve_equals_each_size_served_from_scratch() -> None:
+    """The curve starts smaller disks from states of the unbounded run; each point must
+    equal serving the whole workload afresh over a disk of that size (both rules)."""
+    from reference.workload import Span, Workload, requests
+
+    chunking = _full_swa()
+    w = Workload(name="t", description="", source="", sessions=20, turns=4, system_tokens=64,
+                 turn_tokens=Span(40, 120), output_tokens=Span(1, 20))
+    reqs = hashed(list(requests(w)), chunking.tokens_per_hash)
+    assert len(reqs) > 2 * eviction.SNAPSHOTS  # states are taken, and used
+    for rule in EvictionRule:
+        (unbounded,) = eviction.miss_ratio_curve(chunking, w, (2**40,), rule, KEY_BYTES)
+        sizes = [unbounded.bytes_on_disk * k // 5 for k in range(1, 6)]
+        curve = eviction.miss_ratio_curve(chunking, w, sizes, rule, KEY_BYTES)
+        for size, point in zip(sizes, curve, strict=True):
+            index = BudgetedIndex(chunking, KEY_BYTES, size, rule, Layout.PACKED)
+            engine = _Engine(chunking, Policy(), w.max_num_batched_tokens)
+            engine.index = index
+            engine.planner = Planner(chunking, index, Policy())
+            engine.gpu_cache = GpuCache.COLD
+            for req, chain in reqs:
+                index.observe(chain)
+                engine.serve(req, chain)
+            assert point.offload_hit_tokens == engine.tally.offload_hit, (rule, size)
+            assert (point.files_read, point.files_written, point.files_evicted) == (
+                index.files_read, index.files_written, index.files_evicted), (rule, size)
+            assert point.bytes_on_disk == index.disk.bytes <= size
+        assert curve[0].files_evicted > 0  # the smallest disk did evict

@@ -47,7 +47,8 @@ def test_cpu_run_passes_with_torch_alone() -> None:
             assert len(row) == 1, result.stdout
             fast, torch_copy, ratio = (float(x) for x in row[0].strip("|").split("|")[3:6])
             assert fast > 0 and torch_copy > 0
-            assert abs(ratio - fast / torch_copy) <= 0.01 + 0.01 * ratio
+            # Four significant digits each: the printed ratio is the printed speeds' to 0.2 %.
+            assert abs(ratio - fast / torch_copy) <= 2e-3 * ratio, row[0]
 
 
 def test_a_corrupted_copy_is_caught() -> None:

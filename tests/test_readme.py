@@ -8,6 +8,7 @@ with vLLM's file-system tier), each gemma-4-31B-it then DeepSeek-V4-Flash.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -108,3 +109,136 @@ def test_first_screen_holds_the_problem_the_commands_and_what_you_get() -> None:
     assert "nox -s conformance" in first and "nox -s tests" in first
     assert "reports/conformance.md" in first and "faults" in first
     assert f'"kv_connector": "{KVCHUNK_CONNECTOR}"' in first
+
+
+# ---------------------------------------------------------------------------
+# Generated regions (#26 item 3): every figure about performance or the CLI's output is
+# written by scripts/gen_readme.py (`nox -s docs`) from reports/ and real CLI runs.
+# ---------------------------------------------------------------------------
+
+
+def _gen() -> Any:
+    """scripts/gen_readme.py as a module (scripts/ is no package)."""
+    import importlib.util
+    import sys
+
+    if "gen_readme" in sys.modules:
+        return sys.modules["gen_readme"]
+    path = README.parent / "scripts" / "gen_readme.py"
+    spec = importlib.util.spec_from_file_location("gen_readme", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gen_readme"] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _stale_message(gen: Any, bodies: dict[str, str]) -> str:
+    return (
+        "README.md differs from what scripts/gen_readme.py writes (run `nox -s docs`):\n"
+        + "\n".join(gen.stale(README.read_text(), bodies))
+    )
+
+
+def test_bench_regions_say_what_the_reports_say() -> None:
+    gen = _gen()
+    bodies = gen.bench_regions(*gen.load_bench())
+    have = gen.read_regions(README.read_text())
+    assert set(bodies) <= set(have), f"README lacks regions {set(bodies) - set(have)}"
+    assert not gen.stale(README.read_text(), bodies), _stale_message(gen, bodies)
+
+
+def test_checksum_sentence_names_every_confirmed_miss_of_the_report() -> None:
+    """The checksummed tier's sentence: each miss in bench.json's target checks is named
+    (geometry, direction, B), and the verdict word is not 'met' when one exists."""
+    gen = _gen()
+    bench, _ = gen.load_bench()
+    text = gen.read_regions(README.read_text())["bench-checksum"]
+    checks = [c for c in bench["kvchunk"]["target_checks"] if "checksummed fs tier" in c["target"]]
+    missed = [c for c in checks if c["verdict"] == "missed"]
+    for c in missed:
+        m = re.search(r"\[(.+)-bpc(\d+)-(read|write)\]", c["benchmark"])
+        assert m is not None, c["benchmark"]
+        assert f"{m[3]} at B={m[2]}" in text, (c["benchmark"], text)
+    assert f"{len(missed)} missed of {len(checks)}" in text
+    if missed:
+        assert "**not met**" in text
+
+
+def _bench_without(bench: dict[str, Any], *kinds: str) -> dict[str, Any]:
+    out = dict(bench)
+    out["benchmarks"] = [
+        b for b in bench["benchmarks"] if (b.get("extra_info") or {}).get("kind") not in kinds
+    ]
+    return out
+
+
+@pytest.mark.parametrize(
+    "kinds",
+    [("transfer",), ("oracle",), ("disk",), ("disk_checksum",), ("suite",), ("sweep",), ("files",)],
+)
+def test_a_kind_absent_from_the_report_is_not_measured(kinds: tuple[str, ...]) -> None:
+    """The report may lack any kind (a partial run, a table added later): the generator says
+    "not measured" for it and still writes every other region."""
+    gen = _gen()
+    bench, bench_md = gen.load_bench()
+    full = gen.bench_regions(bench, bench_md)
+    partial = gen.bench_regions(_bench_without(bench, *kinds), bench_md)
+    assert set(partial) == set(full)
+    changed = [name for name in full if partial[name] != full[name]]
+    assert changed, kinds
+    assert all(gen.NOT_MEASURED in partial[name] for name in changed), changed
+
+
+def test_packed_rows_are_read_by_kind() -> None:
+    """A packed-layout row (conformance/bench/report.py `_packed`) shows up in the results
+    with its target's verdict; without any, the packed line says "not measured"."""
+    gen = _gen()
+    bench, bench_md = gen.load_bench()
+    bare = gen.bench_regions(_bench_without(bench, *gen._PACKED_KINDS), bench_md)["bench-results"]
+    assert f"**Packed fs tier** vs vLLM's per-chunk tier: {gen.NOT_MEASURED}." in bare
+    row = {"kind": "packed_files_written", "label": "DeepSeek-V4-Flash TP4", "workload": "chat",
+           "blocks_per_chunk": 2, "ratio": 0.5, "ratio_ci": [0.5, 0.5]}
+    with_row = dict(bench, benchmarks=[*bench["benchmarks"], {"extra_info": row}])
+    text = gen.bench_regions(with_row, bench_md)["bench-results"]
+    assert "files written <= 1/4" in text and "**missed** (0 met, 0 inconclusive, 1 missed of 1)" in text
+
+
+_PERFORMANCE_FIGURE = re.compile(
+    r"\d\s*(GB/s|ms/step|files of|files/s|x faster|% slower)|(?<!torch )(?<![\d.])\d\.\d\d(?![\d.])|"
+    r"load average \d|"
+    r"\d[\d,.]*k? (more )?recomputed|\d+ (met|missed|inconclusive)"
+)
+
+
+def test_performance_and_cli_figures_live_in_generated_regions() -> None:
+    """Outside generated regions and the serve commands, the README's prose states no
+    measured figure (a ratio, a rate, a size per file, a verdict count)."""
+    gen = _gen()
+    text = gen.REGION.sub("", README.read_text())
+    prose = "\n".join(text.split("```")[0::2])  # outside fenced blocks (the serve commands)
+    hits = [m.group(0) for m in _PERFORMANCE_FIGURE.finditer(prose)]
+    assert not hits, f"figures outside generated regions: {hits}"
+
+
+
+def _newest_release() -> str:
+    from vllm_adapter.release_list import SUPPORTED_RELEASES
+
+    return SUPPORTED_RELEASES[-1]
+
+
+def test_cli_samples_are_the_clis_output() -> None:
+    """The README's CLI samples and the sentences about them are what the CLI prints today on
+    the stored model configs (run in-process, as `nox -s docs` runs it). They are the newest
+    release's output; on an older release only the samples' vLLM line is checked."""
+    gen = _gen()
+    installed = gen.installed_vllm()
+    have = gen.read_regions(README.read_text())
+    for sample in gen.SAMPLES:
+        assert f"# vLLM {_newest_release()}\n" in have[sample.name], sample.name
+    if installed != _newest_release():
+        pytest.skip(f"the README's CLI samples are vLLM {_newest_release()}'s output; "
+                    f"installed: {installed}")
+    bodies = gen.cli_regions()
+    assert not gen.stale(README.read_text(), bodies), _stale_message(gen, bodies)

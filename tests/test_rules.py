@@ -557,3 +557,34 @@ def test_eviction_rule_takes_leaves_and_the_windows_they_serve() -> None:
         assert eviction.stranded(kept) == frozenset()
     disk.remove(f1)  # what plain LRU may do: chunk 2 and its window lose their prefix
     assert eviction.stranded(disk) == {full[2], window[2]}
+
+
+def test_gpu_prefix_hit() -> None:
+    """The engine's GPU hit (docs/semantics.md §8 "GPU hit"): a held shared prefix, never
+    the request's last token, ending where every group's blocks end; nothing not held."""
+    # lcm of 64- and 256-token blocks: 256.  A 700-token prefix ends inside a block of
+    # every group: the hit stops at the last whole multiple, 512.
+    assert rules.gpu_prefix_hit(700, 1000, 256, True) == 512
+    assert rules.gpu_prefix_hit(700, 1000, 256, False) == 0
+    assert rules.gpu_prefix_hit(512, 1000, 256, True) == 512  # aligned: all of it
+    # A prompt that is the prefix itself: its last token is computed, so the hit
+    # ends a block earlier.
+    assert rules.gpu_prefix_hit(512, 512, 256, True) == 256
+    assert rules.gpu_prefix_hit(512, 513, 256, True) == 512
+    assert rules.gpu_prefix_hit(200, 1000, 256, True) == 0  # shorter than one aligned span
+    for prefix, prompt, align in ((700, 1000, 256), (100, 64, 16), (48, 49, 16)):
+        got = rules.gpu_prefix_hit(prefix, prompt, align, True)
+        assert got % align == 0 and got <= min(prefix, prompt - 1) < got + align
+
+
+def test_pinned_junction() -> None:
+    """§8 "pinned junction": the later of the offload junction and, unless retention is
+    dense, the GPU hit; 0 when neither."""
+    assert rules.pinned_junction(None, 0, 0) == 0
+    assert rules.pinned_junction(768, 0, 0) == 768  # the offload side's junction alone
+    assert rules.pinned_junction(None, 512, 0) == 512  # the GPU pins what it serves
+    assert rules.pinned_junction(None, 512, 1024) == 512  # periodic retention too
+    assert rules.pinned_junction(None, 512, None) == 0  # dense keeps every window already
+    assert rules.pinned_junction(768, 512, 0) == 768  # the later of the two
+    assert rules.pinned_junction(256, 512, 0) == 512
+    assert rules.pinned_junction(768, 512, None) == 768

@@ -237,6 +237,14 @@ TARGETS: tuple[Target, ...] = (
         0,
     ),
     Target(
+        "disk_curve",
+        "miss-ratio curve (8 disk sizes, ~1M-token chat/agentic, the eviction rule) within 10 s "
+        "per model",
+        None,
+        1.0,
+        0,
+    ),
+    Target(
         "gpu",
         "vLLM CPU-offloading worker >= 0.8 x pinned cudaMemcpyAsync for blocks_per_chunk >= 4",
         0.8,

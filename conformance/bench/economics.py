@@ -8,7 +8,7 @@ writes and reads, and how many tokens the chunk granularity costs, is what
 ``python -m vllm_adapter config`` prints: :func:`reference.economics.economics`
 serving the workload (:data:`WORKLOAD`) through the
 reference Planner under the installed release's rules
-(:func:`vllm_adapter.cli.economics.traffic`), and the disk model
+(:func:`vllm_adapter.planning.fixture_knob` resolves the knob), and the disk model
 (:mod:`vllm_adapter.disk_model`: :class:`FsModel`, :data:`FS_MODELS`,
 :func:`modelled`, one copy shared with the CLI).
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from reference.geometry import cpu_row_bytes
 from reference.workload import Workload, preset
 from vllm_adapter.disk_model import FS_MODELS, FsModel, ModelledThroughput, modelled
 
@@ -41,30 +40,12 @@ agentic`` prints the same figures."""
 def file_economics(geometry: str, knob: str, value: int) -> dict[str, Any]:
     """The knob's chunking, file size and the workload's files, hits and disk time."""
     from conformance.harness import vllm_harness_api as V
-    from vllm_adapter import fixtures as fx
-    from vllm_adapter.cli.economics import serve, traffic
-    from vllm_adapter.cli.sizing import release_policy
-    from vllm_adapter.connector import resolve_for_vllm
-    from vllm_adapter.geometry import with_extra_config
-    from vllm_adapter.names import CPU_SPEC
+    from vllm_adapter.planning import fixture_knob, knob_traffic
 
-    data = fx.load_fixture(geometry)
-    sched = fx.rebuild_kv_cache_config(data, "scheduler")
-    base = {"spec_name": CPU_SPEC, "cpu_bytes_to_use": 1 << 30}
-    vc = with_extra_config(fx.make_vllm_config(data, {}), {knob: value, **base})
-    chunking, vllm_extra = resolve_for_vllm(vc, sched)
-    worker = fx.rebuild_kv_cache_config(data, "worker")
-    config = V.build_offloading_config(with_extra_config(vc, {**vllm_extra, **base}), worker)
-    blocks = int(vllm_extra["blocks_per_chunk"])
-    copies = 1 if config.replicated_layout else int(config.parallel.world_size)
-    align = int(V.CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT)
-    file_bytes = cpu_row_bytes(int(config.worker_kv_bytes_per_block), copies, blocks, align)
-    policy, _ = release_policy(V.VLLM_VERSION, vc, True)
-    t = traffic(
-        serve(chunking, WORKLOAD, policy),
-        {gc.group.index: file_bytes for gc in chunking.groups},
-        FS_MODELS,
-    )
+    k = fixture_knob(geometry, knob, value)
+    worker, file_bytes, copies = k.worker_kv_cache_config, k.file_bytes, k.row.copies
+    blocks = k.row.blocks_per_chunk
+    t = knob_traffic(k.chunking, file_bytes, WORKLOAD, k.policy, FS_MODELS)
     groups = [
         {
             "group": g.index,

@@ -136,24 +136,11 @@ def prefix(reqs: Sequence[WorkloadRequest], tokens: int) -> list[WorkloadRequest
 @functools.cache
 def workload_jobs(geometry: str, workload: str) -> WorkloadJobs:
     """Serve the workload prefix on the geometry's ``block_size`` 512 chunking; record its jobs."""
-    from vllm_adapter import fixtures as fx
-    from vllm_adapter.cli.sizing import release_policy, slot_bytes
-    from vllm_adapter.connector import resolve_for_vllm
-    from vllm_adapter.geometry import with_extra_config
-    from vllm_adapter.names import CPU_SPEC
+    from vllm_adapter.planning import fixture_knob
 
-    data = fx.load_fixture(geometry)
-    sched = fx.rebuild_kv_cache_config(data, "scheduler")
-    base = {"spec_name": CPU_SPEC, "cpu_bytes_to_use": 1 << 30}
-    vc = with_extra_config(fx.make_vllm_config(data, {}), {"block_size": BLOCK_SIZE, **base})
-    chunking, vllm_extra = resolve_for_vllm(vc, sched)
-    worker = fx.rebuild_kv_cache_config(data, "worker")
-    config = V.build_offloading_config(with_extra_config(vc, {**vllm_extra, **base}), worker)
-    blocks = int(vllm_extra["blocks_per_chunk"])
-    copies = 1 if config.replicated_layout else int(config.parallel.world_size)
-    align = int(V.CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT)
-    file_bytes = slot_bytes(int(config.worker_kv_bytes_per_block), copies, blocks, align)
-    policy, _ = release_policy(V.VLLM_VERSION, vc, True)
+    k = fixture_knob(geometry, "block_size", BLOCK_SIZE)
+    chunking, policy = k.chunking, k.policy
+    blocks, file_bytes = k.row.blocks_per_chunk, k.file_bytes
     wl = preset(workload)
     reqs = prefix(list(requests(wl)), PROMPT_TOKENS)
     engine = _Recorder(chunking, policy, wl.max_num_batched_tokens)

@@ -1,9 +1,9 @@
 """Sweep speed: ``python -m vllm_adapter config --sweep`` must answer within 10 s.
 
-Times :func:`vllm_adapter.cli.sizing.run_sweep` -- what ``--sweep`` computes after
-vLLM's planning: :data:`~vllm_adapter.cli.sizing.SWEEP_POINTS` ``blocks_per_chunk``
+Times :func:`vllm_adapter.planning.run_sweep` -- what ``--sweep`` computes after
+vLLM's planning: :data:`~vllm_adapter.planning.SWEEP_POINTS` ``blocks_per_chunk``
 values (1..128) resolved as the connector resolves them, each served through
-the default workload preset (:data:`vllm_adapter.cli.args.DEFAULT_WORKLOAD`, ~1M
+the default workload preset (:data:`vllm_adapter.planning.DEFAULT_WORKLOAD`, ~1M
 prompt tokens) by :func:`reference.economics.economics`, plus the disk model --
 on the gemma-4-31B-it TP2 and DeepSeek-V4-Flash TP4 fixtures.  vLLM's import and
 KV planning (once per CLI process) are not in the figure.  Every round is a fresh
@@ -32,9 +32,12 @@ require_vllm()
 
 from reference.workload import preset  # noqa: E402
 from vllm_adapter import fixtures as fx  # noqa: E402
-from vllm_adapter.cli.args import DEFAULT_WORKLOAD  # noqa: E402
-from vllm_adapter.cli.economics import forget_served  # noqa: E402
-from vllm_adapter.cli.sizing import SWEEP_POINTS, run_sweep  # noqa: E402
+from vllm_adapter.planning import (  # noqa: E402
+    DEFAULT_WORKLOAD,
+    SWEEP_POINTS,
+    forget_served,
+    run_sweep,
+)
 
 ROUNDS = env_int("KVCHUNK_BENCH_SWEEP_ROUNDS", 3)
 BUDGET_S = 10.0

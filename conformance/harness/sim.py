@@ -2,9 +2,10 @@
 
 It is not vLLM: it allocates a request's whole block table up front, prefills
 in fixed token budgets, and nulls the out-of-window blocks of a load the way
-vLLM's windowed managers do.  It drives :class:`reference.plan.Planner` with
-the calls an engine makes, executes the jobs with :mod:`reference.transfer`
-over real tensors, and checks bytes.  The conformance lanes use vLLM's real
+vLLM's windowed managers do.  The loop is the economics engine's
+(:class:`reference.economics.Engine`, one loop over :class:`reference.plan.Planner`
+for both); this subclass gives it a bounded chunk store, GPU tensors, and jobs
+executed with :mod:`reference.transfer` over real tensors, and checks bytes.  The conformance lanes use vLLM's real
 scheduler instead; this engine lets ``nox -s tests`` pin the reference's own
 properties on random geometries without vLLM.
 
@@ -22,14 +23,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from reference.economics import Engine
 from reference.jobs import LoadJob, StoreJob
 from reference.keys import prefix_block_hashes
 from reference.knobs import Chunking, GroupChunking
 from reference.mathutil import cdiv
-from reference.plan import BlockRef, Planner, Policy, ScheduledRequest
+from reference.plan import Policy
 from reference.rules import first_kept_block
 from reference.store import ChunkStore
 from reference.transfer import TensorRef, TransferLayout, gather, scatter
+from reference.workload import WorkloadRequest
 
 
 def block_bytes(group: int, layer: int, tokens: Sequence[int], end: int, nbytes: int) -> bytes:
@@ -59,7 +62,7 @@ class SimRequest:
     """GPU tensors right after the load, before the request computes anything."""
 
 
-class SimEngine:
+class SimEngine(Engine):
     """Single-worker engine over a :class:`Chunking`, one tensor per (group, layer)."""
 
     def __init__(
@@ -69,7 +72,6 @@ class SimEngine:
         policy: Policy | None = None,
         blocks_per_group: int = 4096,
     ) -> None:
-        self.chunking = chunking
         groups = chunking.groups
         pages: list[int] = []
         refs: list[tuple[TensorRef, ...]] = []
@@ -87,27 +89,38 @@ class SimEngine:
         )
         self.gpu = [torch.zeros(blocks_per_group, p, dtype=torch.uint8) for p in pages]
         self.store = ChunkStore(num_slots, slot_bytes=self.layout.slot_bytes)
-        self.planner = Planner(chunking, self.store, policy or Policy())
-        self.next_block = 1  # one block pool for all groups, as in vLLM; 0 is the null block
-        self.num_groups = max(gc.group.index for gc in groups) + 1
+        # No junctions: the simulator's requests share no pinned prefix.
+        super().__init__(chunking, policy or Policy(), 0, self.store, pin_junctions=False)
         self.blocks_per_group = blocks_per_group
         self.failed_store_keys: set[bytes] = set()
         self.requests: dict[str, SimRequest] = {}
+        self._fail_store: set[int] = set()
+        self._current: SimRequest | None = None
 
     # -- allocation and content -------------------------------------------
 
-    def _alloc(self, gc: GroupChunking, n: int) -> list[int]:
-        start = self.next_block
-        if start + n > self.blocks_per_group:
+    def _allocate(self, gc: GroupChunking, n: int) -> list[int]:
+        if self.next_block + n > self.blocks_per_group:
             raise MemoryError("sim engine out of GPU blocks")
-        self.next_block = start + n
-        return list(range(start, start + n))
+        return super()._allocate(gc, n)
+
+    def _table_tokens(self, prompt_tokens: int, total_tokens: int) -> int:
+        return prompt_tokens  # the sampled token gets no block
 
     def expected_block(self, req: SimRequest, i: int, layer: int, position: int) -> bytes:
         gc = self.chunking.groups[i]
         page = self.layout.page_bytes[self.tensor_of[(i, layer)]]
         end = (position + 1) * gc.group.tokens_per_block
         return block_bytes(gc.group.index, layer, req.tokens, end, page)
+
+    def _allocated(self, req_id: str, tables: Sequence[Sequence[int]]) -> None:
+        self.requests[req_id].tables = {
+            gc.group.index: list(tables[gc.group.index]) for gc in self.chunking.groups
+        }
+
+    def _computing(self, req_id: str, tables: Sequence[Sequence[int]], start: int,
+                   end: int) -> None:
+        self._write_computed(self.requests[req_id], start, end)
 
     def _write_computed(self, req: SimRequest, start_token: int, end_token: int) -> None:
         """The model computes tokens [start, end): write every block that ends inside."""
@@ -136,14 +149,24 @@ class SimEngine:
         assert self.store.pool is not None, "the simulator's store owns its pool"
         return self.store.pool
 
-    def _run_store(self, job_id: int, job: StoreJob, fail: bool) -> None:
+    def _run_store(self, job_id: int, job: StoreJob) -> bool:
         gather(
             self.layout, self.gpu, self._pool, job.block_ids, job.group_sizes,
             job.block_indices, self._slots(job.keys),
         )
+        fail = job_id in self._fail_store
         if fail:
             self.failed_store_keys.update(job.keys)
-        self.planner.job_done(job_id, success=not fail)
+        return not fail
+
+    def _run_load(self, req_id: str, load: LoadJob) -> None:
+        scatter(
+            self.layout, self.gpu, self._pool, load.block_ids, load.group_sizes,
+            load.block_indices, self._slots(load.keys),
+        )
+        req = self.requests[req_id]
+        req.loaded = load
+        req.after_load = [t.clone() for t in self.gpu]
 
     # -- a request's life ---------------------------------------------------
 
@@ -154,60 +177,14 @@ class SimEngine:
         budget: int,
         fail_store: set[int] | None = None,
     ) -> SimRequest:
-        """Admit, look up, load, prefill in ``budget``-token steps, finish."""
+        """Admit, look up, load, prefill in ``budget``-token steps, finish (one sampled token)."""
         req = SimRequest(req_id, list(tokens))
         self.requests[req_id] = req
-        n = len(tokens)
+        self.budget = budget
+        self._fail_store = fail_store or set()
         hashes = tuple(prefix_block_hashes(tokens, self.chunking.tokens_per_hash))
-        self.planner.new_request(req_id, n)
-        hit = self.planner.lookup(req_id, hashes, n, 0) or 0
-        blocks: list[list[BlockRef]] = [[] for _ in range(self.num_groups)]
-        for gc in self.chunking.groups:
-            count = cdiv(n, gc.group.tokens_per_block)
-            ids = self._alloc(gc, count)
-            if hit and gc.window_in_chunks is not None:
-                for j in range(first_needed_block(gc, hit)):
-                    ids[j] = 0
-            req.tables[gc.group.index] = ids
-            blocks[gc.group.index] = [BlockRef(b, is_null=b == 0) for b in ids]
-        load = self.planner.allocated(req_id, blocks, hit)
-        if load is not None:
-            scatter(
-                self.layout, self.gpu, self._pool, load.block_ids, load.group_sizes,
-                load.block_indices, self._slots(load.keys),
-            )
-            req.loaded = load
-            req.after_load = [t.clone() for t in self.gpu]
-            self.planner.job_done(self.planner_last_job(req_id), success=True)
-        done = hit
-        step = 0
-        while done < n:
-            todo = min(budget, n - done)
-            self._write_computed(req, done, done + todo)
-            info = ScheduledRequest(
-                req_id=req_id,
-                num_prompt_tokens=n,
-                num_tokens=n,
-                num_computed_tokens=done,
-                num_scheduled_tokens=todo,
-                block_hashes=hashes,
-                new_block_ids=(
-                    tuple(tuple(req.tables.get(g, ())) for g in range(self.num_groups))
-                    if step == 0
-                    else None
-                ),
-                is_full_table=step == 0,
-            )
-            for job_id, job in self.planner.step([info]):
-                self._run_store(job_id, job, fail=bool(fail_store and job_id in fail_store))
-            done += todo
-            step += 1
-        finished = ScheduledRequest(
-            req_id=req_id, num_prompt_tokens=n, num_tokens=n + 1, num_computed_tokens=n,
-            num_scheduled_tokens=0, block_hashes=hashes, is_finished=True,
-        )
-        for job_id, job in self.planner.step([], finished=[finished]):
-            self._run_store(job_id, job, fail=bool(fail_store and job_id in fail_store))
+        # One sampled token (never stored, no block); the GPU prefix cache stays cold.
+        self.serve(WorkloadRequest(0, 0, tuple(tokens), (0,), 0), hashes, req_id=req_id)
         return req
 
     def planner_last_job(self, req_id: str) -> int:

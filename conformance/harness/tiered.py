@@ -353,12 +353,16 @@ def run_workload_passes(
     *,
     passes: int = 2,
     after_pass: Callable[[int], None] | None = None,
+    warm_gpu: bool = False,
 ) -> list[PassResult]:
-    """Serve ``prompts`` (``(tokens, max_tokens)``) ``passes`` times, GPU prefix cache cold.
+    """Serve ``prompts`` (``(tokens, max_tokens)``) ``passes`` times.
 
-    Before every request the GPU prefix cache is reset (the offload tiers are
-    not), so every reused token comes from offload; between passes the CPU tier
-    is reset too and its region poisoned, so the next pass is served from files.
+    Cold GPU (the default): before every request the GPU prefix cache is reset
+    (the offload tiers are not), so every reused token comes from offload.
+    ``warm_gpu``: the GPU prefix cache is kept between the requests of a pass
+    (what it holds is up to vLLM's block pool: its size and LRU eviction).
+    Between passes the GPU cache and the CPU tier are reset and the CPU region
+    poisoned, so the next pass is served from files.
     ``after_pass(n)`` runs once pass ``n``'s file I/O drained (a lane snapshots a
     tier's counters there).
     """
@@ -370,7 +374,8 @@ def run_workload_passes(
         read_before = Counter(probe.read_per_group())
         failures = (len(probe.store_failures), len(probe.load_failures))
         for i, (prompt, max_tokens) in enumerate(prompts):
-            assert session.reset_prefix_cache(), "GPU prefix-cache reset refused between requests"
+            if not warm_gpu:
+                assert session.reset_prefix_cache(), "GPU prefix-cache reset refused between requests"
             session.add_request(RequestSpec(f"p{n}r{i}", prompt, max_tokens=max_tokens))
             run_until_idle(session)
             drain_files(session)

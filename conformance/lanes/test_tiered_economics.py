@@ -7,7 +7,9 @@ to the same requests) runs through vLLM's real scheduler, connector and
 ``TieringOffloadingSpec`` with its file-system tier, on the gemma-4 and
 DeepSeek-V4 fixtures with ``block_size: 512``, under retention 0 (vLLM's
 default), a periodic interval and ``None`` (dense), for two workload shapes:
-disjoint prompts, and conversations behind a shared system prompt.
+disjoint prompts, and conversations behind a shared system prompt (and, on
+DeepSeek-V4, the ``junction`` shape, where the releases' ``offload_junctions``
+rules write different files).
 
 Pass 1 serves the workload with the GPU prefix cache reset before every request
 (every reuse comes from offload); the files on disk per group must **equal**
@@ -23,6 +25,15 @@ packed files and sections on disk (per group), and pass 2's file opens and
 sections loaded, must equal what :mod:`reference.economics` counts from its own
 store and load jobs (read-once: the CPU tier keeps what it promoted), and so must
 pass 2's reads (runs of adjacent sections of one file).
+
+A warm-GPU variant (``-warm_gpu`` cases, DeepSeek-V4, shared-prefix shape)
+keeps the GPU prefix cache between requests, with a GPU block pool sized so
+that older sessions are evicted (:data:`WARM_GPU_BLOCKS`); the reference predicts
+it with ``GpuCache.HOT_SHARED_PREFIX`` (the system prompt rounded down to the lcm
+of the groups' tokens per block is a GPU hit, a junction pinned there).  vLLM's
+LRU block pool does not keep that (its hits are the sessions' own earlier
+prompts): a recorded deviation, so the presets and the CLI default to the cold GPU
+this lane checks, and the CLI labels the hot mode "modelled, not checked".
 
 The predicted-versus-written table goes to the report (``econ:`` properties).
 A disagreement is a finding: a deviation with its smallest case in
@@ -49,7 +60,7 @@ from conformance.harness import vllm_harness_api as V  # noqa: E402
 from conformance.harness.cases import DSV4, GEMMA  # noqa: E402
 from conformance.harness.fixture_runs import FixtureCase  # noqa: E402
 from conformance.protocol import deviations  # noqa: E402
-from conformance.protocol.versions import rules_for  # noqa: E402
+from conformance.protocol.versions import RELEASES, rules_for  # noqa: E402
 from reference.economics import PACKED, layout_economics, serve  # noqa: E402
 from reference.workload import GpuCache, Span, Workload, WorkloadRequest, requests  # noqa: E402
 
@@ -84,7 +95,20 @@ SHAPES: dict[str, Workload] = {
         source="conformance shape", sessions=2, turns=2, system_tokens=700,
         turn_tokens=Span(150, 350), output_tokens=Span(OUTPUT_TOKENS, OUTPUT_TOKENS), seed=12,
     ),
+    "junction": Workload(
+        name="junction",
+        description="three one-turn conversations behind one unaligned system prompt",
+        source="conformance shape", sessions=3, turns=1, system_tokens=700,
+        turn_tokens=Span(400, 600), output_tokens=Span(OUTPUT_TOKENS, OUTPUT_TOKENS), seed=13,
+    ),
 }
+"""``junction``: under sparse retention the second request's offload hit is cut short of
+the full-attention end by windows the first never stored there; vLLM 0.34.0 pins a
+junction at that end (``Policy.offload_junctions``), so the third request loads the
+system prompt, and 0.33.0 does not, so it recomputes it (the release switch reached
+through vLLM: ``tests/test_release_switches.py``)."""
+COLD_SHAPES = ("disjoint", "shared-prefix")
+"""The shapes every fixture and retention runs."""
 RETENTIONS: dict[str, int | None] = {"retention=0": 0, "retention=1024": 1024, "retention=None": None}
 BUDGET = 256
 """Prefill tokens per step, vLLM's and the reference's alike."""
@@ -97,9 +121,17 @@ class EconomicsCase:
     retention: str
     num_cpu_chunks: int
     num_gpu_blocks: int
+    gpu_cache: GpuCache = GpuCache.COLD
+    """COLD: the GPU prefix cache is reset before every request; HOT_SHARED_PREFIX:
+    it is kept between requests (``num_gpu_blocks`` sized so only the shared prefix stays)."""
+    switch: str | None = None
+    """A :class:`reference.plan.Policy` switch on which the releases differ that this case
+    reaches through vLLM: the other releases' setting must predict other files
+    (``tests/test_release_switches.py`` holds every such switch to a case)."""
 
     def __str__(self) -> str:
-        return f"{self.fixture}-block_size512-{self.shape}-{self.retention}"
+        warm = "" if self.gpu_cache is GpuCache.COLD else "-warm_gpu"
+        return f"{self.fixture}-block_size512-{self.shape}-{self.retention}{warm}"
 
     @property
     def base(self) -> FixtureCase:
@@ -116,30 +148,50 @@ class EconomicsCase:
         return RETENTIONS[self.retention]
 
 
+WARM_GPU_BLOCKS = 448
+"""DeepSeek-V4's GPU block pool for the warm cases (one pool for its five groups): a
+request of the shared-prefix shape allocates about 300-580 blocks over its prefill
+(sliding-window blocks are freed as the window moves, most of them in groups 3 and 4),
+so blocks are evicted between requests.  Sized for "the shared prefix stays, older
+sessions go"; vLLM's LRU pool does otherwise whatever the size (deviation
+``gpu-cache-keeps-recent-requests-not-the-shared-prefix``)."""
+
 DEEP = os.environ.get("KVCHUNK_PROFILE", "ci") == "deep"
+WARM_RETENTIONS = tuple(RETENTIONS) if DEEP else ("retention=0",)
 GEMMA_RETENTIONS = tuple(RETENTIONS) if DEEP else ("retention=0",)
 """gemma-4's files are 40 MiB (2 ranks x 20 MiB) and a case takes minutes on a 2-core
 runner: CI runs vLLM's default retention (0), the nightly ``deep`` profile all three."""
 
 CASES = [
     # gemma-4: the CPU tier holds every chunk of a pass.
-    *(EconomicsCase(GEMMA, s, r, 48, 512) for s in SHAPES for r in GEMMA_RETENTIONS),
+    *(EconomicsCase(GEMMA, s, r, 48, 512) for s in COLD_SHAPES for r in GEMMA_RETENTIONS),
     # DeepSeek-V4: 2 MiB files, 8- and 16-token chunks in groups 3 and 4 (dense: ~130 per
     # prompt).  GPU blocks: every group of a request fits (one pool; 4-token blocks in group 3).
-    *(EconomicsCase(DSV4, s, r, 640, 1024) for s in SHAPES for r in RETENTIONS),
+    *(EconomicsCase(DSV4, s, r, 640, 1024) for s in COLD_SHAPES for r in RETENTIONS),
+    EconomicsCase(DSV4, "junction", "retention=0", 640, 1024, switch="offload_junctions"),
+    # DeepSeek-V4, GPU prefix cache kept between requests: vLLM keeps other blocks than the
+    # modelled shared prefix (a recorded deviation, a strict xfail on both releases).
+    *(EconomicsCase(DSV4, "shared-prefix", r, 640, WARM_GPU_BLOCKS, GpuCache.HOT_SHARED_PREFIX)
+      for r in WARM_RETENTIONS),
 ]
+PACKED_CASES = [c for c in CASES if c.gpu_cache is GpuCache.COLD]
+"""kvchunk's packed tier: the cold cases (the warm question is vLLM's GPU cache, not the tier)."""
 
 
 def _prompts(workload: Workload) -> list[WorkloadRequest]:
     return list(requests(workload))
 
 
-def predicted(case: EconomicsCase, chunking: Any, reqs: list[WorkloadRequest]) -> tuple[Any, Any]:
-    """The reference's two passes (GPU cache cold, CPU tier reset between passes)."""
+def predicted(
+    case: EconomicsCase, chunking: Any, reqs: list[WorkloadRequest], **switches: Any
+) -> tuple[Any, Any]:
+    """The reference's two passes (GPU cache as the case says, both caches reset between
+    passes) under the installed release's rules, ``switches`` changed."""
     policy = dataclasses.replace(
-        rules_for(V.VLLM_VERSION).policy, retention_interval=case.retention_interval
+        rules_for(V.VLLM_VERSION).policy, retention_interval=case.retention_interval,
+        **switches,
     )
-    first, second = serve(chunking, [reqs, reqs], policy, gpu_cache=GpuCache.COLD, budget=BUDGET)
+    first, second = serve(chunking, [reqs, reqs], policy, gpu_cache=case.gpu_cache, budget=BUDGET)
     return first, second
 
 
@@ -164,9 +216,11 @@ def test_predicted_files_are_the_files_written(
     first, second = predicted(case, chunking, reqs)
     probe = T.FileProbe().install(monkeypatch)
     session, runner = T.open_session(driver, BUDGET)
+    gpu_hits = _record_gpu_hits(session, monkeypatch)
     try:
         passes = T.run_workload_passes(
-            session, probe, tmp_path, [(r.prompt, OUTPUT_TOKENS) for r in reqs]
+            session, probe, tmp_path, [(r.prompt, OUTPUT_TOKENS) for r in reqs],
+            warm_gpu=case.gpu_cache is not GpuCache.COLD,
         )
     finally:
         T.shutdown(session)
@@ -181,10 +235,13 @@ def test_predicted_files_are_the_files_written(
         record_property(f"econ:predicted_read:g{g}", want_read[g])
         record_property(f"econ:read:g{g}", got_read[g])
     record_property("econ:prompt_tokens", first.prompt_tokens)
+    if case.switch is not None:
+        _assert_separates(case, chunking, reqs, (want_written, want_read))
     stats = runner.stats
     summary = (
         f"{case}: written {got_written} (reference {want_written}); read {got_read} "
-        f"(reference {want_read}); {stats.describe()}"
+        f"(reference {want_read}); GPU hits {gpu_hits} (reference, per pass: "
+        f"{first.gpu_hit}, {second.gpu_hit} tokens); {stats.describe()}"
     )
     assert not probe.store_failures and not probe.load_failures, (
         f"file I/O failed, the comparison needs a healthy tier: {probe.store_failures[:2]} "
@@ -197,6 +254,39 @@ def test_predicted_files_are_the_files_written(
     )
     assert got_written == want_written, f"files written per group differ: {summary}"
     assert got_read == want_read, f"files read per group differ: {summary}"
+
+
+def _assert_separates(
+    case: EconomicsCase, chunking: Any, reqs: list[WorkloadRequest], want: tuple[Any, Any]
+) -> None:
+    """The other releases' setting of ``case.switch`` predicts other files than this one's."""
+    assert case.switch is not None
+    mine = getattr(rules_for(V.VLLM_VERSION).policy, case.switch)
+    others = {getattr(r.policy, case.switch) for r in RELEASES.values()} - {mine}
+    assert others, f"{case}: the releases agree on {case.switch}: the case separates nothing"
+    groups = [gc.group.index for gc in chunking.groups]
+    for other in others:
+        first, second = predicted(case, chunking, reqs, **{case.switch: other})
+        alt = ({g: first.written[g] + second.written[g] for g in groups},
+               {g: second.read_once[g] for g in groups})
+        assert alt != want, (
+            f"{case}: {case.switch}={other!r} predicts the same files as {mine!r}: "
+            f"the case does not separate the releases"
+        )
+
+
+def _record_gpu_hits(session: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The GPU prefix hit (``num_computed_tokens``) of every offload lookup, in order."""
+    connector = session.connector_scheduler
+    real = connector.get_num_new_matched_tokens
+    hits: list[int] = []
+
+    def lookup(request: Any, num_computed_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        hits.append(num_computed_tokens)
+        return real(request, num_computed_tokens, *args, **kwargs)
+
+    monkeypatch.setattr(connector, "get_num_new_matched_tokens", lookup)
+    return hits
 
 
 def _with_retention(case: EconomicsCase, root: Path, spec: dict[str, Any] | None = None) -> Any:
@@ -271,7 +361,7 @@ def _nonzero(counts: dict[int, int]) -> dict[int, int]:
     return {g: n for g, n in sorted(counts.items()) if n}
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c}-packed")
+@pytest.mark.parametrize("case", PACKED_CASES, ids=lambda c: f"{c}-packed")
 def test_predicted_packed_files_are_the_files_kvchunks_tier_writes(
     case: EconomicsCase,
     tmp_path: Path,
@@ -301,6 +391,7 @@ def test_predicted_packed_files_are_the_files_kvchunks_tier_writes(
         T.run_workload_passes(
             session, probe, tmp_path, [(r.prompt, OUTPUT_TOKENS) for r in reqs],
             after_pass=lambda _: snapshots.append(TierSnapshot.of(tier.counters)),
+            warm_gpu=case.gpu_cache is not GpuCache.COLD,
         )
         files_on_disk, sections_on_disk = packed_on_disk(tier)
     finally:

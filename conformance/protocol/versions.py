@@ -7,6 +7,13 @@ in ``conformance/protocol/deviations/vllm-<version>.toml`` and, where two releas
 differ, in :data:`CHANGES` (the report's "What changed" section, whose answers
 the suite measures on each release: ``conformance/lanes/test_versions.py``).
 
+Not every switch is a :data:`CHANGES` case: ``Policy.offload_junctions`` (0.34.0 pins a
+shared-prefix junction where windowed groups cut an offload hit short of the
+full-attention end; 0.33.0 does not) acts only in the engine that serves a workload, so
+the tiered economics lane measures it (its ``junction`` case: the files written differ).
+``tests/test_release_switches.py`` holds every switch on which the releases differ to a
+lane case.
+
 One row per release; a release not listed runs the newest row's rules (or the
 ``--vllm-rules`` release's) and the report says so in one line (:func:`rules_line`).  The rows live in
 :mod:`vllm_adapter.releases` (the operator CLI needs them and may not import the
@@ -150,13 +157,6 @@ UNMEASURED: tuple[UnmeasuredChange, ...] = (
         "(min(num_computed_tokens, ...)); 0.33.0 assumed the prompt was computed.",
         "Only a request finished by an error mid-prefill differs; the driver finishes requests "
         "by length or abort (aborts were already clamped). The reference applies the clamp.",
-    ),
-    UnmeasuredChange(
-        "shared-prefix-junction",
-        "0.34.0 pins a shared-prefix junction at the full-attention hit boundary when a "
-        "windowed group cut an offloaded hit (retention > 0), as the GPU prefix cache does.",
-        "The recorder reads shared_prefix_boundary from vLLM's request, so the reference "
-        "replays whatever vLLM set; no case compares the junction itself.",
     ),
     UnmeasuredChange(
         "store-threshold-counts-once-per-request",

@@ -10,7 +10,7 @@
         [--spec-name CPUOffloadingSpec|TieringOffloadingSpec --fs-path DIR \\
          [--fs-read-threads N] [--fs-write-threads N]] \\
         [--workload PRESET|FILE] [--decode-storing] [--fs-model local|nfs|object-store] \\
-        [--sweep [--plot PATH]]
+        [--sweep] [--disk-bytes SIZE] [--sweep-disk] [--plot PATH]
 
 What it does:
 
@@ -87,7 +87,10 @@ failure is one line and status 1 (``KVCHUNK_DEBUG=1`` shows the traceback).
 Argument checks that need no model run before vLLM is imported.
 
 Modules: :mod:`.args` (parser, :func:`validate`), :mod:`.derivation` (vLLM's planning),
-:mod:`.sizing` (:func:`plan`: the knob, the CPU tier), :mod:`.result`
+:mod:`.knob` (the knob), :mod:`.cpu_tier` (the CPU tier), :mod:`.sweeps` (``--sweep``),
+:mod:`.disk` (``--disk-bytes`` / ``--sweep-disk``: hit rate per disk size,
+:mod:`reference.eviction`), :mod:`.sizing` (:func:`plan`: orchestration; the computations
+on a planned engine, shared with the bench, are :mod:`vllm_adapter.planning`), :mod:`.result`
 (:class:`Sizing`, the typed result), :mod:`.render` (table / markdown / json).
 """
 

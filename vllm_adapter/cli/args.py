@@ -24,6 +24,7 @@ from reference.knobs import (
 from reference.workload import PRESETS, Workload, load_workload, preset, requests
 from vllm_adapter.disk_model import FS_MODEL_KEYS, FsModel
 from vllm_adapter.names import CPU_SPEC, KVCHUNK_CONNECTOR, TIERING_SPEC
+from vllm_adapter.planning import DEFAULT_WORKLOAD
 
 __all__ = [
     "ARCHITECTURES",
@@ -50,11 +51,6 @@ ARCHITECTURES: dict[str, tuple[str, bool]] = {
 holds no KV cache, so the multimodal model is planned language-model-only."""
 
 FORMATS = ("table", "json", "markdown")
-DEFAULT_WORKLOAD = "chat"
-"""The workload when ``--workload`` is not given.  Chat is the commonest deployment and,
-of the presets, the one that writes the most files and recomputes the most tokens per
-million prompt tokens (short turns leave a partial chunk per request), so a disk sized
-by it is not sized for the easy case."""
 DENSE = "None"
 """``--prefix-cache-retention-interval None``: dense retention (vLLM's spelling)."""
 SPEC_NAMES = (CPU_SPEC, TIERING_SPEC)
@@ -203,7 +199,23 @@ def _add_economics_flags(group: argparse._ArgumentGroup) -> None:
         "--block-size, else blocks_per_chunk 1..128",
     )
     group.add_argument(
-        "--plot", metavar="PATH", help="with --sweep: write a PNG of the sweep (needs matplotlib)"
+        "--disk-bytes",
+        type=parse_bytes,
+        metavar="SIZE",
+        help="serve the workload (scaled to ~1M prompt tokens of sessions over time) over a "
+        "disk tier of SIZE bytes (e.g. 2TiB): hits, files read and evicted, tokens recomputed "
+        "for lack of space, per million prompt tokens, under the eviction rule and plain LRU",
+    )
+    group.add_argument(
+        "--sweep-disk",
+        action="store_true",
+        help="hit rate against disk size (the miss-ratio curve) for the chosen knob, the "
+        "eviction rule and plain LRU side by side, with LRU's stranded bytes",
+    )
+    group.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="with --sweep or --sweep-disk: write a PNG of the sweep (needs matplotlib)",
     )
 
 
@@ -311,6 +323,9 @@ class Request:
     """The disk models to print; empty: all (:data:`vllm_adapter.disk_model.FS_MODELS`)."""
     sweep: bool = False
     plot: Path | None = None
+    disk_bytes: int | None = None
+    """``--disk-bytes``: the disk tier's budget to serve the workload over."""
+    sweep_disk: bool = False
 
     def engine_key(self) -> tuple[Any, ...]:
         return (
@@ -467,8 +482,12 @@ def validate(args: argparse.Namespace) -> Request:
     arch = _architecture(model_dir)
     source, language_model_only = ARCHITECTURES[arch]
     workload = _workload(args.workload)
-    if args.plot is not None and not args.sweep:
-        raise CliError("--plot needs --sweep (it draws the sweep)")
+    if args.plot is not None and not (args.sweep or args.sweep_disk):
+        raise CliError("--plot needs --sweep or --sweep-disk (it draws the sweep)")
+    if args.plot is not None and args.sweep and args.sweep_disk:
+        raise CliError(
+            "--plot draws one sweep: give --sweep or --sweep-disk with it, not both"
+        )
     if args.sweep and args.chunk_bytes is not None:
         raise CliError("--sweep sweeps --block-size or --blocks-per-chunk, not --chunk-bytes")
     if args.max_model_len is not None:
@@ -505,4 +524,6 @@ def validate(args: argparse.Namespace) -> Request:
         fs_models=(FS_MODEL_KEYS[args.fs_model],) if args.fs_model else (),
         sweep=bool(args.sweep),
         plot=user_path("--plot", args.plot) if args.plot is not None else None,
+        disk_bytes=args.disk_bytes,
+        sweep_disk=bool(args.sweep_disk),
     )

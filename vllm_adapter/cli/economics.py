@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from reference.economics import Economics, LayoutEconomics, economics
 from reference.knobs import Chunking, PerGroupBlocksPerChunk, resolve
@@ -304,6 +305,14 @@ def plot_sweep(result: Sweep, path: Path, title: str) -> None:
         ax.set_xlabel(result.knob_name)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
+    save_plot(fig, path, title)
+
+
+def save_plot(fig: Any, path: Path, title: str) -> None:
+    """Title, lay out and write a ``--plot`` figure as PNG (a one-line error if it cannot be
+    written), then close it."""
+    import matplotlib.pyplot as plt
+
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     try:

@@ -8,6 +8,8 @@ from pathlib import Path
 from pydantic import ByteSize
 
 from vllm_adapter.cli.result import (
+    DiskRun,
+    DiskTier,
     GroupRow,
     LayoutTraffic,
     PerGroupMap,
@@ -217,7 +219,9 @@ def _map_text(sizing: Sizing) -> str:
 def _economics_lines(sizing: Sizing) -> list[tuple[str, str]]:
     w = sizing.workload
     return [
-        ("workload", f"{w.shape}; {w.requests} requests, {w.prompt_tokens} prompt tokens"),
+        ("workload", w.shape.replace("GPU cache cold", "GPU cache cold (checked)").replace(
+            "GPU cache hot_shared_prefix", "GPU cache hot_shared_prefix (modelled, not checked)")
+         + f"; {w.requests} requests, {w.prompt_tokens} prompt tokens"),
         ("rules", _policy_text(sizing)),
         ("per 1M", "prompt tokens: " + _traffic_text(sizing.traffic)),
         ("per-group", _map_text(sizing)),
@@ -399,6 +403,80 @@ def _economics_tables(sizing: Sizing, fmt: TableFormat) -> list[str]:
     ]
     if sizing.sweep is not None:
         out += ["", *_sweep_text(sizing, sizing.sweep, fmt)]
+    if sizing.disk is not None:
+        out += ["", *_disk_text(sizing.disk, fmt)]
+    return out
+
+
+DISK_COLUMNS_AT = (
+    "rule", "disk budget", "hit rate", "hits from disk/1M", "files read/1M",
+    "files written/1M", "files evicted/1M", "recomputed for space/1M", "stranded bytes",
+)
+RULE_MEANINGS = {
+    "reachable": "the rule: leaves of the prefix structure first, least recently used among "
+    "them, window chunks with the boundary they serve (strands nothing)",
+    "lru": "plain per-file LRU: the least recently used file, whatever depends on it "
+    "(the baseline; what it strands is counted)",
+}
+
+
+def _disk_cells(r: DiskRun) -> list[str]:
+    return [
+        f"{r.hit_rate:.1%}", _n(r.hits_per_million), _n(r.files_read_per_million),
+        _n(r.files_written_per_million), _n(r.files_evicted_per_million),
+        _n(r.recomputed_for_space_per_million),
+        f"{r.stranded_bytes} ({human_bytes(r.stranded_bytes)})",
+    ]
+
+
+DISK_CURVE_COLUMNS = (
+    "disk budget", "hit rate (rule)", "hit rate (LRU)", "files evicted/1M (rule)",
+    "files evicted/1M (LRU)", "recomputed for space/1M (rule)",
+    "recomputed for space/1M (LRU)", "LRU stranded bytes", "rule stranded bytes",
+)
+
+
+def _disk_text(disk: DiskTier, fmt: TableFormat) -> list[str]:
+    bullet = "* " if fmt == "markdown" else ""
+    sizes = ", ".join(f"group {g}: {human_bytes(b)}" for g, b in disk.key_bytes.items())
+    out = [
+        f"disk tier (reference.eviction; {disk.layout} layout: one file per store job, each key "
+        f"a section of one CPU-tier row: {sizes}); per million prompt tokens of {disk.workload}, "
+        f"{disk.prompt_tokens} prompt tokens:",
+        "",
+        f"{bullet}workload scaled: {disk.scaling}",
+        f"{bullet}recomputed for space: tokens an unbounded disk serves that this one does not "
+        "(tokens recomputed for chunk granularity, which the unbounded disk recomputes too, "
+        "are not counted); stranded bytes: on disk at the end, loadable by no lookup",
+        *(f"{bullet}{rule}: {text}" for rule, text in RULE_MEANINGS.items()),
+    ]
+    if disk.at_budget is not None:
+        rows = [[r.rule, f"{r.budget_bytes} ({human_bytes(r.budget_bytes)})", *_disk_cells(r)]
+                for r in disk.at_budget]
+        out += ["", render_table(DISK_COLUMNS_AT, rows, fmt,
+                                 align=("left", *(_RIGHT,) * (len(DISK_COLUMNS_AT) - 1)))]
+    if disk.curve is not None:
+        rows = [
+            [
+                f"{p.budget_bytes} ({human_bytes(p.budget_bytes)})",
+                f"{p.rule.hit_rate:.1%}", f"{p.lru.hit_rate:.1%}",
+                _n(p.rule.files_evicted_per_million), _n(p.lru.files_evicted_per_million),
+                _n(p.rule.recomputed_for_space_per_million),
+                _n(p.lru.recomputed_for_space_per_million),
+                f"{p.lru.stranded_bytes} ({human_bytes(p.lru.stranded_bytes)})",
+                f"{p.rule.stranded_bytes} ({human_bytes(p.rule.stranded_bytes)})",
+            ]
+            for p in disk.curve
+        ]
+        out += [
+            "",
+            "miss-ratio curve (--sweep-disk): hit rate against disk size, the rule and plain "
+            "LRU side by side (the last size: the unbounded run's peak bytes, nothing evicted):",
+            "",
+            render_table(DISK_CURVE_COLUMNS, rows, fmt, align=(_RIGHT,) * len(DISK_CURVE_COLUMNS)),
+        ]
+    if disk.plot:
+        out += ["", f"{bullet}plot: {disk.plot}"]
     return out
 
 

@@ -12,6 +12,9 @@ from typing import Any
 __all__ = [
     "BandwidthKnee",
     "CpuTier",
+    "DiskCurvePoint",
+    "DiskRun",
+    "DiskTier",
     "DiskTimeRow",
     "EngineInfo",
     "FileEconomics",
@@ -340,6 +343,58 @@ class Sweep:
 
 
 @dataclass(frozen=True)
+class DiskRun:
+    """The workload served over a disk of ``budget_bytes`` under one eviction rule
+    (:func:`reference.eviction.disk_economics`); per million prompt tokens."""
+
+    rule: str
+    """``reachable`` (the reference's rule: leaves first, strands nothing) or ``lru``."""
+    budget_bytes: int | None
+    hit_rate: float
+    """Prompt tokens served from the disk, as a fraction of all prompt tokens."""
+    hits_per_million: float
+    """Prompt tokens served from the disk."""
+    files_read_per_million: float
+    files_written_per_million: float
+    files_evicted_per_million: float
+    recomputed_for_space_per_million: float
+    """Tokens an unbounded disk serves that this one does not (lack of space; tokens
+    recomputed for chunk granularity, which the unbounded disk recomputes too, apart)."""
+    stranded_bytes: int
+    """Bytes on disk at the end that no lookup can load (the rule: always 0)."""
+    bytes_on_disk: int
+
+
+@dataclass(frozen=True)
+class DiskCurvePoint:
+    """One disk size of ``--sweep-disk``: both rules."""
+
+    budget_bytes: int
+    rule: DiskRun
+    lru: DiskRun
+
+
+@dataclass(frozen=True)
+class DiskTier:
+    """``--disk-bytes`` / ``--sweep-disk``: the scaled workload over a budgeted disk tier."""
+
+    workload: str
+    scaling: str
+    """How the workload was scaled (sessions over time) and what the GPU cache holds."""
+    sessions: int
+    prompt_tokens: int
+    """The denominator of the per-million figures."""
+    layout: str
+    key_bytes: dict[int, int]
+    """Bytes per key, per group index (one CPU-tier row; a packed file holds its keys')."""
+    at_budget: tuple[DiskRun, ...] | None
+    """``--disk-bytes``: the rule, then plain LRU."""
+    curve: tuple[DiskCurvePoint, ...] | None
+    """``--sweep-disk``: the miss-ratio curve, smallest disk first."""
+    plot: str | None
+
+
+@dataclass(frozen=True)
 class Sizing:
     """The plan for one model and engine: what every output format renders."""
 
@@ -360,6 +415,8 @@ class Sizing:
     """The chosen knob's files, bytes, recomputed tokens and disk time on the workload."""
     per_group_map: PerGroupMap
     sweep: Sweep | None
+    disk: DiskTier | None = None
+    """``--disk-bytes`` / ``--sweep-disk`` (``None`` without them)."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``--format json`` document (tuples become JSON arrays)."""

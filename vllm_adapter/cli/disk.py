@@ -1,0 +1,144 @@
+"""``--disk-bytes`` and ``--sweep-disk``: what hit rate a disk of a given size gives.
+
+The workload is scaled to about a million prompt tokens of sessions over time
+(:func:`reference.eviction.scaled`: sessions turn by turn round-robin, GPU cache cold,
+so every reused token must come from the disk), then served through the reference
+Planner over a disk tier of a byte budget (:func:`reference.eviction.miss_ratio_curve`),
+packed layout (one file per store job), each key one CPU-tier row of the chosen knob.
+Both eviction rules run: the reference's rule (leaves of the prefix structure first,
+least recently used among them; strands nothing) and plain per-file LRU (the
+baseline, whose stranded bytes are reported).  No vLLM import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+from reference.eviction import DiskEconomics, EvictionRule, Layout, miss_ratio_curve, scaled
+from reference.knobs import Chunking
+from reference.plan import Policy
+from reference.workload import Workload, requests
+from vllm_adapter.cli.args import CliError
+from vllm_adapter.cli.economics import save_plot
+from vllm_adapter.cli.result import DiskCurvePoint, DiskRun, DiskTier
+
+__all__ = ["DISK_SWEEP_POINTS", "disk_run", "disk_tier", "plot_disk_curve"]
+
+DISK_SWEEP_POINTS = 8
+"""Disk sizes a ``--sweep-disk`` shows: ``peak * k / 8``, k = 1..8 (the unbounded run's
+peak bytes last: nothing evicted)."""
+RULES = (EvictionRule.REACHABLE, EvictionRule.LRU)
+
+
+def disk_run(e: DiskEconomics) -> DiskRun:
+    """One served disk, per million prompt tokens."""
+    return DiskRun(
+        rule=e.rule.value,
+        budget_bytes=e.budget_bytes,
+        hit_rate=e.hit_rate,
+        hits_per_million=e.per_million(e.offload_hit_tokens),
+        files_read_per_million=e.per_million(e.files_read),
+        files_written_per_million=e.per_million(e.files_written),
+        files_evicted_per_million=e.per_million(e.files_evicted),
+        recomputed_for_space_per_million=e.per_million(e.recomputed_for_space_tokens),
+        stranded_bytes=e.stranded_bytes,
+        bytes_on_disk=e.bytes_on_disk,
+    )
+
+
+def _scaling(workload: Workload, scaled_workload: Workload) -> str:
+    given = sum(len(r.prompt) for r in requests(workload))
+    return (
+        f"{workload.name}: {workload.sessions} session(s), {given} prompt tokens, scaled to "
+        f"{scaled_workload.sessions} sessions (~1M prompt tokens) served turn by turn "
+        "round-robin (a session's next turn comes back after every other session's), "
+        "GPU prefix cache cold: every reused token comes from the disk"
+    )
+
+
+def disk_tier(
+    chunking: Chunking,
+    workload: Workload,
+    policy: Policy,
+    key_bytes: Mapping[int, int],
+    disk_bytes: int | None,
+    sweep: bool,
+    plot: Path | None,
+    title: str,
+) -> DiskTier | None:
+    """Both rules at ``disk_bytes`` and/or across :data:`DISK_SWEEP_POINTS` sizes."""
+    if disk_bytes is None and not sweep:
+        return None
+    if chunking.alignment_tokens is None:
+        raise CliError(
+            "--disk-bytes / --sweep-disk: this chunking has no alignment span (full-attention "
+            "groups of different chunk spans); give a --block-size, e.g. --block-size 512"
+        )
+    big = scaled(workload)
+    prompt_tokens = sum(len(r.prompt) for r in requests(big))
+
+    def curve(sizes: tuple[int, ...] | int, rule: EvictionRule) -> tuple[DiskEconomics, ...]:
+        try:
+            return miss_ratio_curve(chunking, big, sizes, rule, key_bytes, Layout.PACKED, policy)
+        except ValueError as e:  # a Mamba-align group: the rule does not model it
+            raise CliError(f"--disk-bytes / --sweep-disk: {e}") from None
+
+    at_budget: tuple[DiskRun, ...] | None = None
+    if disk_bytes is not None:
+        at_budget = tuple(disk_run(curve((disk_bytes,), rule)[0]) for rule in RULES)
+    points: tuple[DiskCurvePoint, ...] | None = None
+    if sweep:
+        rule_curve = curve(DISK_SWEEP_POINTS, EvictionRule.REACHABLE)
+        sizes = tuple(e.budget_bytes or 0 for e in rule_curve)
+        lru_curve = curve(sizes, EvictionRule.LRU)
+        points = tuple(
+            DiskCurvePoint(size, disk_run(r), disk_run(lru))
+            for size, r, lru in zip(sizes, rule_curve, lru_curve, strict=True)
+        )
+    result = DiskTier(
+        workload=big.name,
+        scaling=_scaling(workload, big),
+        sessions=big.sessions,
+        prompt_tokens=prompt_tokens,
+        layout=Layout.PACKED.value,
+        key_bytes={int(k): int(v) for k, v in key_bytes.items()},
+        at_budget=at_budget,
+        curve=points,
+        plot=None,
+    )
+    if plot is not None and points is not None:
+        plot_disk_curve(points, plot, f"{title}; {big.name}")
+        result = replace(result, plot=str(plot))
+    return result
+
+
+def plot_disk_curve(points: tuple[DiskCurvePoint, ...], path: Path, title: str) -> None:
+    """A PNG: hit rate against disk size, both rules; LRU's stranded bytes beside."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise CliError(
+            "--plot needs matplotlib, which is not installed here (pip install matplotlib)"
+        ) from None
+    xs = [p.budget_bytes / 1e9 for p in points]
+    fig, (hits, stranded) = plt.subplots(1, 2, figsize=(12, 4.6))
+    hits.plot(xs, [p.rule.hit_rate for p in points], "o-", label="the rule (leaves first)")
+    hits.plot(xs, [p.lru.hit_rate for p in points], "s--", label="plain per-file LRU")
+    hits.set_ylabel("prompt tokens served from disk (hit rate)")
+    hits.set_title("Miss-ratio curve")
+    stranded.plot(xs, [p.lru.stranded_bytes / 1e9 for p in points], "s--",
+                  label="plain LRU: stranded GB")
+    stranded.plot(xs, [p.rule.stranded_bytes / 1e9 for p in points], "o-",
+                  label="the rule: stranded GB")
+    stranded.set_ylabel("GB on disk no lookup can load (at the end)")
+    stranded.set_title("Stranded bytes")
+    for ax in (hits, stranded):
+        ax.set_xlabel("disk budget (GB)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    save_plot(fig, path, title)
