@@ -774,7 +774,8 @@ def test_files_per_million_are_reference_economics(model: str, retention: int | 
     e, chunking, _ = reference_economics(model, {"block_size": 512}, retention)
     slot = d["cpu_tier"]["slot_bytes"]
     assert_traffic_is(d["traffic"], e, {g.index: slot for g in e.groups})
-    assert list(d)[-6:] == ["workload", "policy", "fs_models", "traffic", "per_group_map", "sweep"]
+    assert list(d)[-7:] == ["workload", "policy", "fs_models", "traffic", "per_group_map", "sweep",
+                            "disk"]
     assert d["sweep"] is None
     assert d["workload"]["name"] == "chat" and d["workload"]["prompt_tokens"] == e.prompt_tokens
     assert d["policy"]["prefix_cache_retention_interval"] == retention

@@ -30,6 +30,7 @@ each is verified against its own checksum.
 * a section that points past the end of the file, is not page-aligned or overlaps
   the one before: that section's key fails;
 * two sections claiming one key: that key fails (neither copy can be trusted);
+* a key the file's index does not hold (``key``): that key fails;
 * a payload whose checksum differs (or a short read): that section's key fails.
 
 A section that fails leaves the tier's index, so only its keys are recomputed and
@@ -408,7 +409,7 @@ def load_packed(
         for key, dest in wants:
             s = header.section(bytes(key))
             if s is None:
-                failed[bytes(key)] = bad.get(bytes(key), "missing")
+                failed[bytes(key)] = bad.get(bytes(key), "key")  # not in this file's index
             elif s.length != len(dest):
                 failed[bytes(key)] = "length"
             else:
