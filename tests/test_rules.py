@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import fields, replace
 
-from hypothesis import assume, given
+from hypothesis import Phase, assume, event, given, settings
 from hypothesis import strategies as st
 
 from conformance.harness.strategies import geometries
@@ -334,8 +334,8 @@ def test_policies_draw_every_switch() -> None:
     assert set(_POLICY_SWITCHES) == {f.name for f in fields(Policy)}
 
 
-@st.composite
-def _chunkings(draw: st.DrawFn, retention: int | None = 0) -> Chunking:
+def _chunking_outcome(draw: st.DrawFn, retention: int | None = 0) -> Chunking | str:
+    """A drawn chunking, or why the draw is filtered out."""
     geometry = draw(geometries(max_groups=4, hash_divides_blocks=draw(st.booleans())))
     if draw(st.booleans()):
         knob: BlocksPerChunk | PerGroupBlocksPerChunk = BlocksPerChunk(draw(st.integers(1, 4)))
@@ -345,10 +345,43 @@ def _chunkings(draw: st.DrawFn, retention: int | None = 0) -> Chunking:
     try:
         chunking = resolve(geometry, knob, retention)
     except ValueError:
-        assume(False)
-        raise
-    assume(not supports_partial_tail(chunking))
+        return "the knob does not resolve"
+    if supports_partial_tail(chunking):
+        return "a partial-tail geometry (the boundary rules' cases, not these)"
     return chunking
+
+
+@st.composite
+def _chunkings(draw: st.DrawFn, retention: int | None = 0) -> Chunking:
+    outcome = _chunking_outcome(draw, retention)
+    event(f"chunking: {outcome if isinstance(outcome, str) else 'kept'}")
+    assume(isinstance(outcome, Chunking))
+    assert isinstance(outcome, Chunking)
+    return outcome
+
+
+CHUNKINGS_KEPT_FLOOR = 0.5
+"""The share of drawn chunkings the rules' properties must keep (observed: 75 of 100 draws at
+retention 0 and at None)."""
+
+
+def test_chunkings_are_mostly_kept() -> None:
+    """A fixed batch of draws per retention the properties use: at least CHUNKINGS_KEPT_FLOOR
+    are kept, so a filter that starts rejecting most draws fails here instead of leaving the
+    rule properties to a handful of examples."""
+    for retention in (0, None):
+        kept: list[bool] = []
+
+        @settings(max_examples=100, derandomize=True, database=None, phases=[Phase.generate])
+        @given(st.composite(_chunking_outcome)(retention))
+        def record(outcome: Chunking | str) -> None:
+            kept.append(isinstance(outcome, Chunking))  # noqa: B023 (run at once, below)
+
+        record()
+        assert len(kept) >= 50, len(kept)
+        assert sum(kept) >= CHUNKINGS_KEPT_FLOOR * len(kept), (
+            f"retention {retention}: {sum(kept)} of {len(kept)} chunkings kept"
+        )
 
 
 _ANSWERS = st.sampled_from(

@@ -263,6 +263,34 @@ def test_namespace_changes_with_every_geometry_field() -> None:
     assert not same, f"changing these geometry fields kept the namespace: {same}"
 
 
+def test_a_replicated_layout_shares_the_namespace_across_parallel_configurations() -> None:
+    """vLLM's FileMapper shares a replicated (MLA) model's files across TP sizes and ranks;
+    kvchunk's namespace does too, there and only there."""
+    from types import SimpleNamespace as NS_
+
+    def digest_of(replicated: bool, **parallel: int) -> bytes:
+        par = NS_(rank=0, world_size=4, tp_size=4, pp_size=1, pcp_size=1, dcp_size=1,
+                  is_parallelism_agnostic=False)
+        for name, value in parallel.items():
+            setattr(par, name, value)
+        group = NS_(group_id=0, tokens_per_block=256, layer_names=("l0",),
+                    sliding_window_size_in_chunks=None)
+        config = NS_(model=NS_(name="m", dtype="fp8_ds_mla"), kv_cache_layout="NHD",
+                     canonical_layout=False, cache=NS_(tokens_per_hash=4, blocks_per_chunk=2),
+                     worker_kv_bytes_per_block=4096, groups=(group,), parallel=par,
+                     replicated_layout=replicated)
+        spec = NS_(config=config, replicated_layout=replicated, kv_bytes_per_chunk=8192,
+                   cpu_page_size_per_worker=8192)
+        return S.namespace_digest(S.geometry(spec, 8192))
+
+    tp2 = {"tp_size": 2, "world_size": 2, "rank": 1}
+    assert digest_of(True) == digest_of(True, **tp2), "replicated: TP4 and TP2 must share"
+    assert digest_of(False) != digest_of(False, **tp2), "not replicated: they must not"
+    assert digest_of(True) != digest_of(False), "a replicated layout is its own namespace"
+    assert digest_of(False, is_parallelism_agnostic=True) == digest_of(
+        False, is_parallelism_agnostic=True, **tp2), "parallelism-invariant pages share too"
+
+
 LARGE = 2 * C.SEGMENT_BYTES + 3 * 4096
 """A payload hashed beside its I/O (>= OVERLAP_BYTES) over three read segments, the last short."""
 
@@ -308,3 +336,27 @@ def test_stale_temporary_files_are_swept_fresh_ones_and_chunks_kept(tmp_path: Pa
     os.utime(stale, (old, old))
     assert C.sweep_stale_temps(str(tmp_path)) == 1
     assert not stale.exists() and fresh.exists() and chunk.exists()
+
+
+def test_the_vllm_methods_kvchunk_mirrors_have_not_drifted() -> None:
+    """KvchunkFileTierManager re-states vLLM's submit_store / submit_load bookkeeping: a change
+    in the installed vLLM's FileSystemTierManager fails here, naming the method."""
+    import hashlib
+    import inspect
+    import textwrap
+
+    mirrored = S.VLLM_METHODS_MIRRORED.get(V.VLLM_VERSION)
+    assert mirrored is not None, (
+        f"vLLM {V.VLLM_VERSION}: KvchunkFileTierManager was not reviewed against this release; "
+        f"known: {sorted(S.VLLM_METHODS_MIRRORED)}"
+    )
+    drifted = [
+        name for name, digest in mirrored.items()
+        if hashlib.sha256(textwrap.dedent(inspect.getsource(
+            getattr(V.FileSystemTierManager, name))).encode()).hexdigest()[:16] != digest
+    ]
+    assert not drifted, (
+        f"vLLM {V.VLLM_VERSION} changed FileSystemTierManager.{', .'.join(drifted)} since "
+        "KvchunkFileTierManager mirrored it: review safe_fs.py, then VLLM_METHODS_MIRRORED"
+    )
+

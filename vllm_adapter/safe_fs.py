@@ -168,7 +168,7 @@ def geometry(
             }
             for g in c.groups
         ],
-        "parallel": {
+        "parallel": {"agnostic": True} if parallel_agnostic(spec) else {
             "rank": int(p.rank),
             "world_size": int(p.world_size),
             "tp_size": int(p.tp_size),
@@ -177,6 +177,22 @@ def geometry(
             "dcp_size": int(p.dcp_size),
         },
     }
+
+
+def parallel_agnostic(spec: Any) -> bool:
+    """Whether vLLM's ``FileMapper`` shares this spec's files across parallel configurations:
+    its fs tier asks for it, and it is granted when the pages are parallelism-invariant
+    (``OffloadingConfig.parallel.is_parallelism_agnostic``) or the layout is replicated
+    (DeepSeek's MLA: one copy for every rank).  kvchunk's namespace then leaves the
+    parallel sizes and the rank out, exactly there: a TP2 and a TP4 engine of one
+    replicated model read each other's files (every other geometry field still has to
+    match, the payload size among them)."""
+    c = spec.config
+    return bool(
+        getattr(c.parallel, "is_parallelism_agnostic", False)
+        or getattr(c, "replicated_layout", False)
+        or getattr(spec, "replicated_layout", False)
+    )
 
 
 def namespace_digest(fields: Mapping[str, Any]) -> bytes:
@@ -345,6 +361,22 @@ _LIVE: weakref.WeakSet[KvchunkFileTierManager] = weakref.WeakSet()
 def live_tiers() -> list[KvchunkFileTierManager]:
     """The kvchunk file tiers alive in this process (the conformance lanes read their counters)."""
     return list(_LIVE)
+
+
+VLLM_METHODS_MIRRORED: dict[str, dict[str, str]] = {
+    "0.33.0": {"__init__": "1a61caeb392d0a5c", "submit_store": "06fef249ab22c192",
+               "submit_load": "a48594d698b760c0", "get_finished_jobs": "4f6c74569799121b"},
+    "0.34.0": {"__init__": "6995abb1ef4ead47", "submit_store": "ef3f684b1fdb0e51",
+               "submit_load": "a48594d698b760c0", "get_finished_jobs": "6e905c534b61d9fd"},
+}
+"""What :class:`KvchunkFileTierManager` was written against, per vLLM release: the first
+16 hex digits of SHA-256 of each ``FileSystemTierManager`` method's source (dedented).
+``submit_store`` / ``submit_load`` here re-state vLLM's (the job bookkeeping in its
+private ``_store_jobs``, ``_job_block_counts``, ``_load_job_keys``, ``_load_progress``,
+``_pool``, ``_block_size``, set up by ``__init__`` and read by ``get_finished_jobs``)
+around kvchunk's file I/O: vLLM has no hook for the I/O alone.
+``tests/test_safe_fs.py::test_the_vllm_methods_kvchunk_mirrors_have_not_drifted`` fails,
+naming the method, when the installed vLLM's differ: review this class, then the digest."""
 
 
 class KvchunkFileTierManager(V.FileSystemTierManager):
