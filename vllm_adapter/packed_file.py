@@ -405,9 +405,10 @@ def load_packed(
             _discard(path, st, io)
             return {k: exc.why for k, _ in wants}
         bad = dict(header.bad)
+        by_key = {s.key: s for s in header.sections}
         wanted: list[tuple[Section, memoryview]] = []
         for key, dest in wants:
-            s = header.section(bytes(key))
+            s = by_key.get(bytes(key))
             if s is None:
                 failed[bytes(key)] = bad.get(bytes(key), "key")  # not in this file's index
             elif s.length != len(dest):

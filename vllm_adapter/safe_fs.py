@@ -515,52 +515,29 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         self._job_block_counts[job_id] = len(keys)
         offsets = [int(cid) * self._block_size for cid in job_metadata.chunk_ids]
         if self.layout == "packed":
-            tasks = self._packed_load_tasks(job_id, keys, offsets)
-            self._pool.enqueue_load(job_id, len(tasks), tasks)
-            return
-        paths, ids = self._paths(keys)
+            def load() -> None:
+                load_packed_files(self.index, keys, self._primary_kv_view, offsets,
+                                  self._block_size, self.io)
+        else:
+            paths, ids = self._paths(keys)
+
+            def load() -> None:
+                batch_load_chunks(paths, ids, self._primary_kv_view, offsets, self._block_size,
+                                  self.io)
 
         def load_task() -> None:
             try:
-                batch_load_chunks(paths, ids, self._primary_kv_view, offsets, self._block_size,
-                                  self.io)
+                load()
             except OSError as exc:
                 # Written before the pool publishes the job (as vLLM's tier does).
                 self._load_progress[job_id] = int(getattr(exc, "num_succeeded", 0))
                 self.counters.add(load_failures=1)
                 raise
 
+        # One task per job, as vLLM's tier.  One task per file of a job was tried: on the
+        # 2-core bench VM it did not read faster (0.72-0.80x vLLM's per-chunk loads, one task
+        # per job 0.71-0.96x over two runs of nox -s bench, 2026-12-04), so vLLM's shape stays.
         self._pool.enqueue_load(job_id, 1, [load_task])
-
-    def _packed_load_tasks(self, job_id: int, keys: list[Any], offsets: list[int]) -> list[Any]:
-        """One pool task per packed file of a load job, so the read threads read a job's files
-        side by side.  A failing task lowers the job's progress to its first failed key (in
-        job order) before it raises: every key before that minimum loaded, whichever task
-        held it, which is what vLLM's ``num_succeeded`` prefix promises."""
-        by_file: dict[str | None, list[int]] = {}
-        for i, key in enumerate(keys):
-            where = self.index.get(bytes(key))
-            by_file.setdefault(None if where is None else where[0], []).append(i)
-        lock = threading.Lock()
-
-        def task_for(positions: list[int]) -> Any:
-            def load_task() -> None:
-                try:
-                    load_packed_files(self.index, [keys[i] for i in positions],
-                                      self._primary_kv_view, [offsets[i] for i in positions],
-                                      self._block_size, self.io)
-                except OSError as exc:
-                    first = positions[int(getattr(exc, "num_succeeded", 0))]
-                    with lock:
-                        self._load_progress[job_id] = min(
-                            self._load_progress.get(job_id, first), first
-                        )
-                    self.counters.add(load_failures=1)
-                    raise
-
-            return load_task
-
-        return [task_for(positions) for positions in by_file.values()] or [lambda: None]
 
 
 def store_packed_file(

@@ -216,11 +216,12 @@ class PackedCase:
     def offsets(self, keys: Sequence[bytes]) -> list[int]:
         return [self.row[k] * self.row_bytes for k in keys]
 
-    def _run(self, enqueue: Callable[..., None], tasks: list[Callable[[], Any]]) -> None:
+    def _run(self, enqueue: Callable[..., None], jobs: list[list[Callable[[], Any]]]) -> None:
+        """Enqueue each job's tasks as one pool job, as the tiers do, and wait for all."""
         first = self._job
-        for task in tasks:
+        for tasks in jobs:
             self._job += 1
-            enqueue(self._job, 1, [task])
+            enqueue(self._job, len(tasks), tasks)
         self.pool.wait_idle()
         results = self.pool.get_finished()
         failed = [job for job, ok, _ in results if not ok]
@@ -242,17 +243,17 @@ class PackedCase:
 
     def chunk_store(self, cost: float) -> None:
         self._run(self.pool.enqueue_store, [
-            self._costly(len(job), cost, functools.partial(
+            [self._costly(len(job), cost, functools.partial(
                 V.batch_store_block, [self.path[k] for k in job], self.view,
-                self.offsets(job), self.row_bytes, self.o_direct))
+                self.offsets(job), self.row_bytes, self.o_direct))]
             for job in self.jobs.stores
         ])
 
     def chunk_load(self, cost: float) -> None:
         self._run(self.pool.enqueue_load, [
-            self._costly(len(job), cost, functools.partial(
+            [self._costly(len(job), cost, functools.partial(
                 V.batch_load_block, [self.path[k] for k in job], self.view,
-                self.offsets(job), self.row_bytes, self.o_direct))
+                self.offsets(job), self.row_bytes, self.o_direct))]
             for job in self.jobs.loads
         ])
 
@@ -270,22 +271,20 @@ class PackedCase:
 
     def packed_store(self, cost: float) -> None:
         self._run(self.pool.enqueue_store, [
-            self._costly(1, cost, functools.partial(self._store_one, job))
+            [self._costly(1, cost, functools.partial(self._store_one, job))]
             for job in self.jobs.stores
         ])
 
-    def _files_of(self, job: Sequence[bytes]) -> int:
-        where = [self.index.get(k) for k in job]
-        assert all(w is not None for w in where), "a load of a key no packed file holds"
-        return len({w[0] for w in where if w is not None})
-
     def packed_load(self, cost: float) -> None:
-        self._run(self.pool.enqueue_load, [
-            self._costly(self._files_of(job), cost, functools.partial(
-                S.load_packed_files, self.index, job, self.view, self.offsets(job),
-                self.row_bytes, self.io))
-            for job in self.jobs.loads
-        ])
+        self._run(self.pool.enqueue_load, [self._load_tasks(job, cost) for job in self.jobs.loads])
+
+    def _load_tasks(self, job: Sequence[bytes], cost: float) -> list[Callable[[], Any]]:
+        """The packed tier's load of one job: one task (as ``KvchunkFileTierManager``), paying
+        the cost once per file it opens."""
+        files = len({w[0] for w in (self.index.get(k) for k in job) if w is not None})
+        return [self._costly(files, cost, functools.partial(
+            S.load_packed_files, self.index, job, self.view, self.offsets(job),
+            self.row_bytes, self.io))]
 
     def remove_packed_files(self) -> None:
         shutil.rmtree(self.packed_dir, ignore_errors=True)
