@@ -61,7 +61,7 @@ import struct
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -377,16 +377,20 @@ def _write_file(fd: int, payload: memoryview, key_id: bytes, io: ChunkIO) -> Non
     _pwrite_all(fd, memoryview(page), 0)
 
 
-def store_chunk(path: str, payload: memoryview, key_id: bytes, io: ChunkIO) -> None:
-    """Write one chunk file atomically (replacing any file at ``path``: a freshly computed
-    chunk is never second to a file that may be damaged and was never read)."""
+def write_atomically(
+    path: str, io: ChunkIO, write: Callable[[int], None], *, direct: bool = True
+) -> None:
+    """Write a whole file at ``path``: ``write(fd)`` fills a unique temporary file in the same
+    directory (``O_DIRECT`` when the tier uses it and ``direct``), fsync-ed if the tier asks,
+    then renamed onto ``path``; on any failure the temporary file is removed and the error
+    raised.  A reader sees the old file or the new one, never part of one."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}-{threading.get_ident()}-{os.urandom(4).hex()}{TEMP_SUFFIX}"
-    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | (O_DIRECT if io.o_direct else 0)
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | (O_DIRECT if io.o_direct and direct else 0)
     try:
         fd = os.open(tmp, flags, 0o644)
         try:
-            _write_file(fd, payload, key_id, io)
+            write(fd)
             if io.fsync:
                 os.fsync(fd)
         finally:
@@ -396,6 +400,12 @@ def store_chunk(path: str, payload: memoryview, key_id: bytes, io: ChunkIO) -> N
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+def store_chunk(path: str, payload: memoryview, key_id: bytes, io: ChunkIO) -> None:
+    """Write one chunk file atomically (replacing any file at ``path``: a freshly computed
+    chunk is never second to a file that may be damaged and was never read)."""
+    write_atomically(path, io, lambda fd: _write_file(fd, payload, key_id, io))
 
 
 def sweep_stale_temps(root: str, older_than: float = STALE_TEMP_SECONDS) -> int:

@@ -39,7 +39,6 @@ stored again; the file's other sections keep serving.
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 import struct
@@ -58,12 +57,12 @@ from reference.packed import (
 from vllm_adapter.chunk_file import (
     CHECKSUMS,
     O_DIRECT,
-    TEMP_SUFFIX,
     ChunkFileError,
     ChunkIO,
     _discard,
     digest,
     payload_digest,
+    write_atomically,
 )
 
 __all__ = [
@@ -318,22 +317,7 @@ def store_packed(
         if len(p) % PAGE:
             buffers.append(_pad(PAGE - len(p) % PAGE))
             padded = False
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}-{threading.get_ident()}-{os.urandom(4).hex()}{TEMP_SUFFIX}"
-    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | (O_DIRECT if io.o_direct and padded else 0)
-    try:
-        fd = os.open(tmp, flags, 0o644)
-        try:
-            _writev_all(fd, buffers)
-            if io.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
+    write_atomically(path, io, lambda fd: _writev_all(fd, buffers), direct=padded)
     size = len(head)
     sections, at = [], size
     for i, (key, length, checksum) in enumerate(zip(keys, lengths, sums, strict=True)):
