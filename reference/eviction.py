@@ -69,11 +69,11 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from reference.economics import MILLION, _Engine, hashed
-from reference.geometry import GroupKind
-from reference.keys import make_key, split_key
+from reference.keys import split_key
 from reference.knobs import Chunking
 from reference.plan import Planner, Policy
-from reference.rules import WindowRule, needed_chunks
+from reference.prefix_structure import PrefixStructure
+from reference.rules import WindowRule
 from reference.store import LookupResult, StorePlan
 from reference.workload import GpuCache, Workload, WorkloadRequest, requests
 
@@ -109,91 +109,6 @@ class Layout(Enum):
     """Every key of one store job."""
     PER_CHUNK = "per_chunk"
     """One key."""
-
-
-# ---------------------------------------------------------------------------
-# The prefix structure
-# ---------------------------------------------------------------------------
-
-
-class PrefixStructure:
-    """What the index knows about the keys' prefixes (see the module docstring)."""
-
-    def __init__(self, chunking: Chunking, window_rule: WindowRule = WindowRule.TOKENS_BEFORE_END):
-        if chunking.alignment_tokens is None:
-            raise ValueError(
-                "eviction: the chunking has no alignment span (full-attention groups of "
-                "different chunk spans); give every full group one span, e.g. the knob "
-                "block_size"
-            )
-        for gc in chunking.groups:
-            if gc.group.kind is GroupKind.MAMBA_ALIGN:
-                raise ValueError(
-                    f"eviction: {gc.group.describe()} is a Mamba-align group; the eviction "
-                    "rule models full-attention and windowed groups only"
-                )
-        self.chunking = chunking
-        self.window_rule = window_rule
-        self.alignment = chunking.alignment_tokens
-        self.full_groups = frozenset(
-            gc.group.index for gc in chunking.groups if gc.window_in_chunks is None
-        )
-        self.parent: dict[bytes, bytes | None] = {}
-        """Full-attention key -> the key of the chunk before it in its prefix (None: chunk 0)."""
-        self.children: dict[bytes, set[bytes]] = {}
-        """Full-attention key -> the keys whose parent it is."""
-        self.full_at: dict[bytes, tuple[bytes, ...]] = {}
-        """Boundary -> the full-attention keys ending there (one per full group)."""
-        self.windows_at: dict[bytes, frozenset[bytes]] = {}
-        """Boundary -> the window keys a hit ending there needs."""
-        self.serves: dict[bytes, list[bytes]] = {}
-        """Window key -> the boundaries that need it."""
-
-    def is_full(self, key: bytes) -> bool:
-        return split_key(key)[1] in self.full_groups
-
-    def observe(self, block_hashes: Sequence[bytes]) -> None:
-        """Record the prefix structure of one request's hash chain (idempotent).  A
-        boundary already recorded names its whole prefix, so the walk starts after the
-        last one the chain shares with earlier chains."""
-        tph = self.chunking.tokens_per_hash
-        ends = range(self.alignment, len(block_hashes) * tph + 1, self.alignment)
-        first = 0
-        for i in range(len(ends) - 1, -1, -1):
-            if block_hashes[ends[i] // tph - 1] in self.full_at:
-                first = i + 1
-                break
-        for end in ends[first:]:
-            boundary = block_hashes[end // tph - 1]
-            full: list[bytes] = []
-            windows: list[bytes] = []
-            complete = True
-            for gc in self.chunking.groups:
-                g, hpc = gc.group.index, gc.hashes_per_chunk
-                chunks = needed_chunks(gc, 0, end, self.window_rule)
-                if gc.window_in_chunks is None:
-                    key = make_key(boundary, g)
-                    if key not in self.parent:
-                        parent = (make_key(block_hashes[end // tph - 1 - hpc], g)
-                                  if end > gc.tokens_per_chunk else None)
-                        self.parent[key] = parent
-                        if parent is not None:
-                            self.children.setdefault(parent, set()).add(key)
-                    full.append(key)
-                elif chunks.stop * hpc > len(block_hashes):
-                    complete = False  # an EAGLE peek past the chain: a longer one records it
-                else:
-                    windows.extend(make_key(block_hashes[(k + 1) * hpc - 1], g) for k in chunks)
-            if not complete or boundary in self.full_at:
-                continue
-            self.full_at[boundary] = tuple(full)
-            self.windows_at[boundary] = frozenset(windows)
-            for key in self.windows_at[boundary]:
-                self.serves.setdefault(key, []).append(boundary)
-
-    def reset(self) -> None:
-        for table in (self.parent, self.children, self.full_at, self.windows_at, self.serves):
-            table.clear()
 
 
 # ---------------------------------------------------------------------------
@@ -306,12 +221,17 @@ class Disk:
             memo[n] = ok
         return memo[key]
 
-    def stranded(self) -> frozenset[bytes]:
+    def stranded(self, *, pending_windows: bool = False) -> frozenset[bytes]:
         """Keys on disk that no lookup can load (see the module docstring): a
         full-attention key with an earlier chunk of its group missing from its prefix;
         a window key no boundary of which is whole (every key a hit ending there needs
-        on disk, its full-attention keys reachable)."""
+        on disk, its full-attention keys reachable).  ``pending_windows``: leave out the
+        window keys :meth:`arrives_stranded` admits as pending (a boundary they serve
+        can still be completed)."""
         s = self.structure
+        if pending_windows:
+            return frozenset(k for k in self.stranded() if s.is_full(k) or not any(
+                self._completable(b) for b in s.serves.get(k, ())))
         memo: dict[bytes, bool] = {}
         whole: dict[bytes, bool] = {}
 
@@ -330,6 +250,15 @@ class Disk:
             elif not any(is_whole(b) for b in s.serves.get(key, ())):
                 out.add(key)
         return frozenset(out)
+
+    def _completable(self, boundary: bytes) -> bool:
+        """Each full-attention key of ``boundary`` is on disk, or absent with its parent on
+        disk or none (one store completes it)."""
+        s = self.structure
+        return all(
+            k in self.file_of or (k in s.parent and (
+                s.parent[k] is None or s.parent[k] in self.file_of))
+            for k in s.full_at[boundary])
 
     def stranded_bytes(self, key_bytes: Mapping[int, int]) -> int:
         return sum(key_bytes[split_key(k)[1]] for k in self.stranded())
@@ -409,10 +338,17 @@ class Disk:
             self.file_of[key] = fid
         self._push_if_leaf(fid)
 
-    def arrives_stranded(self, keys: Sequence[bytes]) -> set[bytes]:
+    def arrives_stranded(self, keys: Sequence[bytes], *, pending_windows: bool = False) -> set[bytes]:
         """Keys of a new file that would be stranded on arrival: a full-attention key
         whose parent is neither on disk nor in the file, a window key with no boundary
-        whole once the file is on disk (keys in order: parents first)."""
+        whole once the file is on disk (keys in order: parents first).
+
+        ``pending_windows``: a window key is also admitted when a boundary it serves can
+        still be completed by later stores (each of its full-attention keys present, or
+        absent with its parent present or none): chunked prefill stores a boundary's
+        window chunks in steps before its full-attention chunk (vLLM does; the
+        reference's Planner stores a boundary's keys together).  Such a key counts as
+        stranded (:meth:`stranded`) until its boundary is whole."""
         s = self.structure
         incoming = set(keys)
         bad: set[bytes] = set()
@@ -426,12 +362,22 @@ class Disk:
             if parent is not None and (parent in bad or (
                     parent not in self.file_of and parent not in incoming)):
                 bad.add(key)
-        have = (incoming - bad) | set(self.file_of)
+
+        def have(k: bytes) -> bool:
+            return (k in incoming and k not in bad) or k in self.file_of
+
+        def completable(b: bytes) -> bool:
+            def one_store_away(k: bytes) -> bool:
+                parent = s.parent.get(k, b"")
+                return parent is None or (parent != b"" and have(parent))
+            return all(have(k) or one_store_away(k) for k in s.full_at[b])
+
         for key in keys:
             if s.is_full(key):
                 continue
             if not any(
-                all(k in have for k in s.full_at[b]) and all(k in have for k in s.windows_at[b])
+                all(have(k) for k in s.full_at[b]) and all(have(k) for k in s.windows_at[b])
+                or (pending_windows and completable(b))
                 for b in s.serves.get(key, ())
             ):
                 bad.add(key)

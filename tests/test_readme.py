@@ -91,7 +91,9 @@ def test_readme_disk_commands_use_kvchunks_checksummed_fs_tier() -> None:
         (tier,) = extra["secondary_tiers"]
         assert tier["type"] == "fs"
         assert tier["root_dir"].startswith("/")
-        assert set(tier) - {"type"} <= FS_TIER_PARAMETERS
+        assert set(tier) - {"type"} <= FS_TIER_PARAMETERS | {"disk_bytes_to_use"}
+        budget = tier.get("disk_bytes_to_use")  # #25: an unbounded disk tier refuses to start
+        assert isinstance(budget, int) and not isinstance(budget, bool) and budget > 0, tier
 
 
 @pytest.mark.parametrize("variant", [0, 1], ids=["cpu", "disk"])

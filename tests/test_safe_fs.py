@@ -164,10 +164,30 @@ def test_bad_tier_config_is_a_value_error_naming_the_key(tier: Any, match: str) 
         S.kvchunk_tier_configs([tier])
 
 
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        ({}, "'disk_bytes_to_use' in secondary_tiers\\[0\\] .*is required.*e.g. \\d+"),
+        ({"disk_bytes_to_use": "100GB"}, "'disk_bytes_to_use'.*number of bytes.*e.g. \\d+"),
+        ({"disk_bytes_to_use": 0}, "'disk_bytes_to_use'.*positive.*e.g. \\d+"),
+        ({"disk_bytes_to_use": -5}, "'disk_bytes_to_use'.*positive.*e.g. \\d+"),
+        ({"disk_bytes_to_use": 1 << 80}, "'disk_bytes_to_use'.*larger than the file system.*e.g."),
+        ({"disk_bytes_to_use": 1 << 30, "eviction": "fifo"}, "'eviction'.*'reachable'.*'lru'"),
+    ],
+)
+def test_a_bad_disk_budget_is_a_value_error_naming_the_key(
+    extra: dict[str, Any], match: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        S.kvchunk_tier_configs([{"type": "fs", "root_dir": str(tmp_path), **extra}])
+
+
 def test_fs_tiers_become_kvchunks_others_stay(tmp_path: Path) -> None:
     root = str(tmp_path / "kv")
-    out = S.kvchunk_tier_configs([{"type": "fs", "root_dir": root}, {"type": "example"}])
-    assert out == [{"type": names.KVCHUNK_FS_TIER, "root_dir": root}, {"type": "example"}]
+    out = S.kvchunk_tier_configs([{"type": "fs", "root_dir": root, "disk_bytes_to_use": "4096"},
+                                  {"type": "example"}])
+    assert out == [{"type": names.KVCHUNK_FS_TIER, "root_dir": root, "disk_bytes_to_use": 4096},
+                   {"type": "example"}]
     tier_cls = V.SecondaryTierFactory.get_tier_class({"type": names.KVCHUNK_FS_TIER})
     assert tier_cls is S.KvchunkFileTierManager
 
@@ -328,7 +348,9 @@ def test_stale_temporary_files_are_swept_fresh_ones_and_chunks_kept(tmp_path: Pa
     io = S.ChunkIO(namespace=NS)
     chunk = tmp_path / "d" / "c.bin"
     S.store_chunk(str(chunk), _payload(1), KEY, io)
-    stale, fresh = tmp_path / "d" / "c.bin.1-2-ab.tmp", tmp_path / "e" / "x.bin.3-4-cd.tmp"
+    live = os.getppid()  # a running writer: its fresh temporary file stays
+    stale = tmp_path / "d" / f"c.bin.{live}-2-ab.tmp"
+    fresh = tmp_path / "e" / f"x.bin.{live}-4-cd.tmp"
     for p in (stale, fresh):
         p.parent.mkdir(exist_ok=True)
         p.write_bytes(b"partial")
@@ -336,6 +358,20 @@ def test_stale_temporary_files_are_swept_fresh_ones_and_chunks_kept(tmp_path: Pa
     os.utime(stale, (old, old))
     assert C.sweep_stale_temps(str(tmp_path)) == 1
     assert not stale.exists() and fresh.exists() and chunk.exists()
+
+
+def test_a_dead_writers_temporary_file_is_swept_at_once(tmp_path: Path) -> None:
+    """A writer killed mid-write (SIGKILL) leaves its temporary file; the next sweep removes
+    it whatever its age, because the pid in its name no longer runs."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    orphan = tmp_path / "d" / f"c.bin.{dead}-2-ab.tmp"
+    orphan.parent.mkdir()
+    orphan.write_bytes(b"partial")
+    assert C.sweep_stale_temps(str(tmp_path)) == 1 and not orphan.exists()
 
 
 def test_the_vllm_methods_kvchunk_mirrors_have_not_drifted() -> None:

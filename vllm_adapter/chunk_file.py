@@ -203,7 +203,10 @@ class TierCounters:
     bad_sections: int = 0
     """Packed layout: sections that failed verification (their keys leave the index)."""
     store_failures: int = 0
+    """Store jobs that failed: an I/O error, or refused by the disk budget."""
     load_failures: int = 0
+    lookup_hits: int = 0
+    lookup_misses: int = 0
     bad_files: Counter[str] = field(default_factory=Counter)
     """Why files failed verification (``size``, ``header``, ``checksum``, ...)."""
     bad_files_removed: int = 0
@@ -419,10 +422,27 @@ def sweep_stale_temps(root: str, older_than: float = STALE_TEMP_SECONDS) -> int:
                 continue
             path = os.path.join(dirpath, name)
             with contextlib.suppress(OSError):
-                if os.stat(path).st_mtime < cutoff:
+                if _writer_is_dead(name) or os.stat(path).st_mtime < cutoff:
                     os.remove(path)
                     removed += 1
     return removed
+
+
+def _writer_is_dead(temp_name: str) -> bool:
+    """The process named in a temporary file's name (``<file>.<pid>-<thread>-<rand>.tmp``,
+    :func:`write_atomically`) no longer runs on this host.  A root shared across hosts
+    keeps the age rule alone: another host's pid says nothing here."""
+    stem = temp_name[: -len(TEMP_SUFFIX)]
+    pid_part = stem.rsplit(".", 1)[-1].split("-", 1)[0]
+    if not pid_part.isdigit() or int(pid_part) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid_part), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _discard(path: str, st: os.stat_result, io: ChunkIO) -> None:

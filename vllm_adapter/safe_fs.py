@@ -65,6 +65,7 @@ created and probed for writing there.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -74,9 +75,12 @@ import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from reference import packed as RP
+from vllm_adapter import disk_budget as DB
 from vllm_adapter import names
 from vllm_adapter import packed_file as P
 from vllm_adapter import vllm_api as V
+from vllm_adapter.budgeted_tier import TierBudget, key_positions
 from vllm_adapter.chunk_file import (
     BAD_FILE_POLICIES,
     CHECKSUM,
@@ -99,6 +103,7 @@ from vllm_adapter.chunk_file import (
 )
 from vllm_adapter.files import write_text_atomic
 from vllm_adapter.spec import _count
+from vllm_adapter.tier_metrics import TierStats, metric_definitions, with_kvchunk_tiers
 from vllm_adapter.tiering import ReferenceTieringOffloadingSpec
 
 __all__ = [
@@ -208,6 +213,7 @@ def namespace_digest(fields: Mapping[str, Any]) -> bytes:
 TIER_KEYS = (
     "type", "module_path", "root_dir", "n_read_threads", "n_write_threads", "enable_kv_events",
     "locality", "backpressure", "layout", "checksum", "bad_files", "fsync",
+    DB.DISK_BYTES_KEY, "eviction",
 )
 """The options of a kvchunk file tier: vLLM's fs tier's, and :mod:`safe_fs`'s own."""
 LAYOUTS = ("per_chunk", "packed")
@@ -250,6 +256,7 @@ def check_tier_options(config: Mapping[str, Any], tier_index: int | None = None)
             f"'bad_files' in {where} must be 'delete' or 'quarantine', "
             f"got {config.get('bad_files')!r}"
         )
+    DB.parse_eviction(config.get("eviction", "reachable"), where)
     if not isinstance(config.get("fsync", False), bool):
         raise ValueError(f"'fsync' in {where} must be true or false, got {config.get('fsync')!r}")
     for key in ("n_read_threads", "n_write_threads"):
@@ -332,6 +339,10 @@ class PackedIndex:
         with self._lock:
             return len(self._files)
 
+    def has_file(self, path: str) -> bool:
+        with self._lock:
+            return path in self._files
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._where)
@@ -403,11 +414,13 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         checksum: str = CHECKSUM,
         bad_files: str = "delete",
         fsync: bool = False,
+        disk_bytes_to_use: Any = None,
+        eviction: str = "reachable",
         **kwargs: Any,
     ) -> None:
         check_tier_options(
             {"root_dir": root_dir, "layout": layout, "checksum": checksum,
-             "bad_files": bad_files, "fsync": fsync,
+             "bad_files": bad_files, "fsync": fsync, "eviction": eviction,
              **{k: v for k, v in kwargs.items() if k in ("n_read_threads", "n_write_threads")}}
         )
         assert root_dir is not None
@@ -435,6 +448,16 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
             counters=self.counters,
         )
         _write_json_once(os.path.join(self.namespace_dir, GEOMETRY_FILE), fields)
+        budget = DB.parse_disk_bytes(disk_bytes_to_use, root_dir, _where(None),
+                                     min_bytes=self._file_bytes([b"\0" * 36]))
+        self.budget = TierBudget(root_dir, self.namespace_dir, budget,
+                                 DB.parse_eviction(eviction, _where(None)),
+                                 DB.budget_chunking(offloading_spec.config))
+        """The root's byte budget, shared with every engine writing under ``root_dir``."""
+        self._stats = TierStats()
+        """What get_stats reported last (:mod:`vllm_adapter.tier_metrics`)."""
+        self.started = self.budget.start(self._files_on_disk())
+        """What the start did: dead writers' reservations failed, orphans removed, evictions."""
         self.index = PackedIndex()
         """Packed layout: key -> (file, section), rebuilt from the headers here."""
         if layout == "packed":
@@ -449,6 +472,37 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         self.sweeper.start()
         _LIVE.add(self)
 
+    @classmethod
+    def build_metric_definitions(
+        cls, extra_config: dict[str, Any]
+    ) -> dict[str, V.OffloadingMetricMetadata]:
+        """kvchunk's counters and disk gauges (:func:`vllm_adapter.tier_metrics.metric_definitions`)."""
+        return metric_definitions()
+
+    def get_stats(self) -> V.OffloadingConnectorStats | None:
+        """The counters' increases since the last call and the disk gauges, ``stranded_bytes``
+        (O(files)) at most every 10 s (:meth:`vllm_adapter.tier_metrics.TierStats.sample`)."""
+        return self._stats.sample(self.counters, self.budget)
+
+    def _servable(self, key: bytes) -> bool:
+        """Whether a load could still read ``key`` (the ledger holds it): its section is
+        indexed, or its chunk file exists."""
+        if self.layout == "packed":
+            return key in self.index
+        return os.path.exists(self.file_mapper.get_file_name(key))
+
+    def _file_bytes(self, keys: Sequence[bytes]) -> int:
+        """Bytes of the file holding ``keys`` (what a store reserves)."""
+        if self.layout == "per_chunk":
+            return HEADER_SIZE + self._block_size
+        return RP.packed_file_bytes([self._block_size] * len(keys), [len(k) for k in keys])
+
+    def _files_on_disk(self) -> list[str]:
+        if self.layout == "packed":
+            return list(P.iter_packed_files(self.namespace_dir))
+        return [os.path.join(d, n) for d, _, names_ in os.walk(self.namespace_dir)
+                for n in names_ if n.endswith(".bin") and QUARANTINE_DIR not in d]
+
     def _sweep(self) -> None:
         try:
             self.counters.add(stale_temps_removed=sweep_stale_temps(self.namespace_dir))
@@ -461,52 +515,111 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
 
     def lookup(self, key: Any, req_context: Any) -> Any:
         if self.layout == "per_chunk":
-            return super().lookup(key, req_context)
-        return V.LookupResult.HIT if bytes(key) in self.index else V.LookupResult.MISS
+            result = super().lookup(key, req_context)
+        else:
+            self._follow_ledger()
+            result = V.LookupResult.HIT if bytes(key) in self.index else V.LookupResult.MISS
+        self.counters.add(**{"lookup_hits" if result == V.LookupResult.HIT else "lookup_misses": 1})
+        return result
+
+    def _follow_ledger(self, force: bool = False) -> None:
+        """Packed layout: index the files other engines wrote, forget the files that left."""
+        added, removed = self.budget.poll(force)
+        for path in removed:
+            self.index.drop_file(path)
+        for path in added:
+            if self.index.has_file(path):
+                continue
+            try:
+                header = P.read_packed_index(path, self.io.namespace, self.io.checksum)
+            except OSError:
+                continue
+            self.index.add(path, header.sections)
 
     def submit_store(self, job_metadata: Any) -> None:
         keys = list(job_metadata.keys)
+        positions = key_positions(job_metadata.req_context)
         V.fs_tier_track_store(self, job_metadata)
         offsets = [int(cid) * self._block_size for cid in job_metadata.chunk_ids]
         task = (self._packed_store_task if self.layout == "packed" else self._store_task)(
-            keys, offsets
+            keys, offsets, positions
         )
         self._job_block_counts[job_metadata.job_id] = len(keys)
         self._pool.enqueue_store(job_metadata.job_id, 1, [task])
 
-    def _store_task(self, keys: list[Any], offsets: list[int]) -> Any:
+    def _store_task(self, keys: list[Any], offsets: list[int], positions: dict[bytes, int]) -> Any:
         paths, ids = self._paths(keys)
+        row = {bytes(k): (path, kid, off)
+               for k, path, kid, off in zip(keys, paths, ids, offsets, strict=True)}
 
         def store_task() -> None:
-            try:
-                batch_store_chunks(paths, ids, self._primary_kv_view, offsets, self._block_size,
-                                   self.io)
-            except OSError:
+            admitted = self._reserve([[bytes(k)] for k in keys],
+                                     lambda ks: row[bytes(ks[0])][0], positions)
+            results, error = [], None
+            for path, (key,) in admitted:
+                _, kid, off = row[key]
+                try:
+                    batch_store_chunks([path], [kid], self._primary_kv_view, [off],
+                                       self._block_size, self.io)
+                    results.append((path, True))
+                except OSError as exc:
+                    results.append((path, False))
+                    error = error or exc
+            self.budget.complete(results)
+            if error is not None:
                 self.counters.add(store_failures=1)
-                raise
+                raise error
 
         return store_task
 
-    def _packed_store_task(self, keys: list[Any], offsets: list[int]) -> Any:
+    def _reserve(self, files: list[list[bytes]], name_of: Any,
+                 positions: dict[bytes, int]) -> list[tuple[str, tuple[bytes, ...]]]:
+        """Room under the budget for ``files`` (keys each); raises ``OSError`` (ENOSPC) when
+        the store is refused: nothing written, nothing advertised."""
+        admitted = self.budget.reserve(files, name_of, self._file_bytes, positions,
+                                       self._servable)
+        if admitted is None:
+            self.counters.add(store_failures=1)
+            raise OSError(errno.ENOSPC, f"kvchunk fs tier: disk_bytes_to_use "
+                          f"({self.budget.budget}) is full and nothing can be evicted")
+        return admitted
+
+    def _packed_store_task(self, keys: list[Any], offsets: list[int],
+                           positions: dict[bytes, int]) -> Any:
         new = [(bytes(k), off) for k, off in zip(keys, offsets, strict=True)
                if bytes(k) not in self.index]
 
         def store_task() -> None:
             if not new:
                 return
-            new_keys = [k for k, _ in new]
-            path = P.packed_name(self.namespace_dir, new_keys)
-            try:
-                sections = store_packed_file(
-                    path, new_keys, self._primary_kv_view, [off for _, off in new],
-                    self._block_size, self.io,
-                )
-            except OSError:
-                self.counters.add(store_failures=1)
-                raise
-            self.index.add(path, sections)
+            offset_of = dict(new)
+            admitted = self._reserve([[k for k, _ in new]],
+                                     lambda ks: P.packed_name(self.namespace_dir, ks), positions)
+            for path, new_keys in admitted:
+                try:
+                    sections = store_packed_file(
+                        path, new_keys, self._primary_kv_view, [offset_of[k] for k in new_keys],
+                        self._block_size, self.io,
+                    )
+                except OSError:
+                    self.budget.complete([(path, False)])
+                    self.counters.add(store_failures=1)
+                    raise
+                self.index.add(path, sections)
+                for gone in self.budget.complete([(path, True)]):
+                    self.index.drop_file(gone)
 
         return store_task
+
+    def _account_failed_load(self, files: Sequence[str],
+                             failed_by_file: Mapping[str, Sequence[bytes]]) -> None:
+        """The ledger learns what a failed load found: files gone (discarded as bad, or
+        vanished) leave it; a file whose sections failed keeps its other keys."""
+        self.budget.forget([p for p in files if not os.path.exists(p)])
+        for path, keys in failed_by_file.items():
+            if os.path.exists(path):
+                for gone in self.budget.drop_keys(path, keys):
+                    self.index.drop_file(gone)
 
     def submit_load(self, job_metadata: Any) -> None:
         job_id = job_metadata.job_id
@@ -515,11 +628,14 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         self._job_block_counts[job_id] = len(keys)
         offsets = [int(cid) * self._block_size for cid in job_metadata.chunk_ids]
         if self.layout == "packed":
+            files = list(dict.fromkeys(w[0] for k in keys if (w := self.index.get(bytes(k)))))
+
             def load() -> None:
                 load_packed_files(self.index, keys, self._primary_kv_view, offsets,
                                   self._block_size, self.io)
         else:
             paths, ids = self._paths(keys)
+            files = paths
 
             def load() -> None:
                 batch_load_chunks(paths, ids, self._primary_kv_view, offsets, self._block_size,
@@ -532,7 +648,10 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
                 # Written before the pool publishes the job (as vLLM's tier does).
                 self._load_progress[job_id] = int(getattr(exc, "num_succeeded", 0))
                 self.counters.add(load_failures=1)
+                self._account_failed_load(files, getattr(exc, "failed_by_file", {}))
                 raise
+            finally:
+                self.budget.touch(p for p in files if os.path.exists(p))
 
         # One task per job, as vLLM's tier.  One task per file of a job was tried: on the
         # 2-core bench VM it did not read faster (0.72-0.80x vLLM's per-chunk loads, one task
@@ -583,6 +702,9 @@ def load_packed_files(
     why = failed[bytes(keys[first])]
     exc = ChunkFileError(str(next(iter(by_file), "")), f"packed section: {why}")
     exc.num_succeeded = first  # type: ignore[attr-defined]
+    exc.failed_by_file = {  # type: ignore[attr-defined]
+        path: [k for k, _ in wants if k in failed] for path, wants in by_file.items()
+    }
     raise exc
 
 
@@ -608,8 +730,10 @@ def kvchunk_tier_configs(configs: Any) -> list[Any]:
             )
         if cfg.get("type") in ("fs", names.KVCHUNK_FS_TIER):
             check_tier_options(cfg, i)
-            cfg = {**cfg, "type": names.KVCHUNK_FS_TIER,
-                   "root_dir": usable_root(cfg["root_dir"], i)}
+            root = usable_root(cfg["root_dir"], i)
+            cfg = {**cfg, "type": names.KVCHUNK_FS_TIER, "root_dir": root,
+                   DB.DISK_BYTES_KEY: DB.parse_disk_bytes(cfg.get(DB.DISK_BYTES_KEY), root,
+                                                          _where(i))}
         out.append(cfg)
     return out
 
@@ -619,6 +743,14 @@ class KvchunkTieringOffloadingSpec(ReferenceTieringOffloadingSpec):
 
     secondary_tier_configs: list[Any]
     """vLLM's parsed ``secondary_tiers``; its ``"fs"`` tiers are kvchunk's here."""
+
+    @classmethod
+    def build_metric_definitions(
+        cls, extra_config: dict[str, Any]
+    ) -> dict[str, V.OffloadingMetricMetadata]:
+        """vLLM's, with the ``"fs"`` tiers resolved as kvchunk's (as ``__init__`` does), so
+        the frontend defines the names the kvchunk tier reports."""
+        return super().build_metric_definitions(with_kvchunk_tiers(extra_config))
 
     def __init__(self, config: Any) -> None:
         extra = config.extra_config

@@ -28,6 +28,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
     build_offloading_config,
     get_offloading_group_ids,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+    OffloadingConnectorStats,
+)
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
     OffloadingConnector,
 )
@@ -40,7 +43,15 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
     iter_layer_specs,
 )
-from vllm.v1.kv_offload.base import LookupResult, OffloadingSpec, OffloadingWorker, TransferResult
+from vllm.v1.kv_offload.base import (
+    LookupResult,
+    OffloadingCounterMetadata,
+    OffloadingGaugeMetadata,
+    OffloadingMetricMetadata,
+    OffloadingSpec,
+    OffloadingWorker,
+    TransferResult,
+)
 from vllm.v1.kv_offload.cpu.common import CPUOffloadingInfo
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
@@ -88,6 +99,12 @@ __all__ = [
     "TieringOffloadingSpec",
     "cuda_offloading_platform",
     "fs_tier_track_store",
+    # tier metrics (vllm_adapter.tier_metrics): the file tier's counters and gauges as
+    # vLLM's offloading metric definitions, and the stats payload its get_stats returns.
+    "OffloadingConnectorStats",
+    "OffloadingCounterMetadata",
+    "OffloadingGaugeMetadata",
+    "OffloadingMetricMetadata",
     # tiering (vllm_adapter.tiering): the SharedOffloadRegion each side of
     # TieringOffloadingSpec maps, whose /dev/shm name kvchunk unlinks once all have.
     "scheduler_region",

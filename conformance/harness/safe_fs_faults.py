@@ -60,7 +60,12 @@ def kvchunk_tiering_spec(root_dir: Path, *, threads: int = 2, **tier: Any) -> di
     """:func:`conformance.harness.tiered.tiering_spec` with kvchunk's spec (``tier``: extra tier keys)."""
     spec = T.tiering_spec(root_dir, threads=threads)
     (fs,) = spec["secondary_tiers"]
+    tier = {"disk_bytes_to_use": DISK_BYTES, **tier}
     return {**spec, **names.KVCHUNK_TIERING_SPEC, "secondary_tiers": [{**fs, **tier}]}
+
+
+DISK_BYTES = 1 << 30
+"""The lanes' disk budget where a case does not size one: far above what they write."""
 
 
 def tier_of(session: Any) -> S.KvchunkFileTierManager:

@@ -55,7 +55,11 @@ from conformance.harness.cases import DSV4, GEMMA  # noqa: E402
 from conformance.harness.fixture_runs import FixtureCase  # noqa: E402
 from conformance.protocol import deviations  # noqa: E402
 from conformance.protocol.trace import RequestSpec  # noqa: E402
+from vllm_adapter import disk_budget as DB  # noqa: E402
 from vllm_adapter import safe_fs as S  # noqa: E402
+
+LEDGER_FILES = (DB.LEDGER_FILE, DB.LOCK_FILE)
+"""The root's budget ledger and its lock (kvchunk's tier state, not partial files)."""
 
 pytestmark = pytest.mark.faults
 
@@ -350,7 +354,7 @@ def test_full_disk_drops_the_store(
     # The recomputed prompts are stored again once the limit is gone: whole files only.
     leftovers = [
         p for p in _files_on_disk(tmp_path)
-        if p.name not in ("config.json", S.GEOMETRY_FILE) and p.suffix != ".bin"
+        if p.name not in ("config.json", S.GEOMETRY_FILE, *LEDGER_FILES) and p.suffix != ".bin"
     ]
     assert not leftovers, f"partial files left behind: {leftovers[:3]}"
     sizes = set(T.file_stats(tmp_path).bytes_per_file.values())
@@ -447,7 +451,7 @@ def test_restart_loads_only_files_of_the_same_layout(
     else:
         assert not probe.loaded, f"files of another {change} were loaded: {summary}"
     if _kvchunk(tier) and change != "same":
-        namespaces = sorted(p.name for p in tmp_path.iterdir())
+        namespaces = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
         assert len(namespaces) == 2, f"one namespace directory per geometry: {namespaces}"
 
 
