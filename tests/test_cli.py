@@ -659,6 +659,22 @@ def test_tiering_spec_emits_vllms_fs_secondary_tier() -> None:
     params = inspect.signature(V.FileSystemTierManager.__init__).parameters
     assert set(extra["secondary_tiers"][0]) - {"type"} <= set(params)
     V.KVTransferConfig(**d["kv_transfer_config"])
+    # --fs-write-threads 8 is the disk model's write concurrency (reads keep 16 threads):
+    # seconds per file max(latency / threads, bytes / bandwidth) with 8 threads, not 16.
+    from vllm_adapter.disk_model import FS_MODELS
+
+    default = doc([*DSV4, "--block-size", "512", "--cpu-bytes", str(CPU_BYTES)])
+    slot = d["files"]["file_bytes"]
+    for row, base, m in zip(d["traffic"]["disk"], default["traffic"]["disk"], FS_MODELS,
+                            strict=True):
+        assert row["fs_model"] == base["fs_model"] == m.name
+        ratio = max(m.file_latency_s / 8, slot / m.bandwidth_bps) / max(
+            m.file_latency_s / 16, slot / m.bandwidth_bps)
+        assert row["write_seconds_per_million"] == pytest.approx(
+            base["write_seconds_per_million"] * ratio), (m.name, row, base)
+        assert row["read_seconds_per_million"] == pytest.approx(base["read_seconds_per_million"])
+    assert any(m.file_latency_s / 16 > slot / m.bandwidth_bps for m in FS_MODELS), (
+        "no latency-bound model: the thread count would change nothing here")
 
 
 @pytest.mark.parametrize(

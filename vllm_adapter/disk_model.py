@@ -14,18 +14,24 @@ The tier is **IOPS-bound** while the latency term wins and **bandwidth-bound**
 after; the crossover file size is ``file_latency_s x bandwidth_bps / concurrency``.
 Reads and writes may differ (:meth:`FsModel.direction`).
 
-:data:`FS_MODELS`: a local disk measured on the development machine by the disk
-benchmark (``conformance/bench/test_bench_disk.py``), and two shared file
-systems whose latencies are assumptions (each model's ``source`` says which).
-The operator CLI (``python -m vllm_adapter config``) and the benchmarks'
-file-economics table share this one copy.
+:data:`FS_MODELS`: a local disk measured by the disk benchmark
+(``conformance/bench/test_bench_disk.py``), read from the latest
+``reports/bench.json`` (:func:`local_disk_from_bench`, its date and commit in the
+model's ``source``; absent when that file is, e.g. in an installed wheel), and two
+shared file systems whose latencies are assumptions (each model's ``source`` says
+which).  The operator CLI (``python -m vllm_adapter config``) and the benchmarks'
+file-economics table share this one copy; the CLI's ``--fs-read-threads`` /
+``--fs-write-threads`` set the models' concurrency (:meth:`FsModel.with_threads`).
 """
 
 from __future__ import annotations
 
+import json
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 __all__ = [
     "FS_MODELS",
@@ -37,8 +43,12 @@ __all__ = [
     "disk_time",
     "disk_time_of",
     "fs_model",
+    "local_disk_from_bench",
     "modelled",
 ]
+
+BENCH_JSON = Path(__file__).resolve().parents[1] / "reports" / "bench.json"
+"""The bench's latest results in a checkout (``nox -s bench`` writes them)."""
 
 Direction = Literal["write", "read"]
 
@@ -58,6 +68,16 @@ class FsModel:
     """Per-file latency of a read; ``None``: as a write."""
     read_bandwidth_bps: float | None = None
     """Read bandwidth; ``None``: as a write."""
+    read_concurrency: int | None = None
+    """Read threads; ``None``: as writes (vLLM's tier: 16 and 16)."""
+
+    def with_threads(self, write: int | None, read: int | None) -> FsModel:
+        """This model on ``write`` / ``read`` I/O threads (``None``: unchanged): the tier's
+        ``n_write_threads`` / ``n_read_threads`` overlap the per-file latency."""
+        reads = read if read is not None else (
+            self.read_concurrency if self.read_concurrency is not None else self.concurrency)
+        return replace(self, concurrency=write if write is not None else self.concurrency,
+                       read_concurrency=reads)
 
     def direction(self, direction: Direction) -> FsModel:
         """This model with the ``read`` figures as its write figures (``write``: itself)."""
@@ -71,8 +91,12 @@ class FsModel:
             bandwidth_bps=self.read_bandwidth_bps
             if self.read_bandwidth_bps is not None
             else self.bandwidth_bps,
+            concurrency=self.read_concurrency
+            if self.read_concurrency is not None
+            else self.concurrency,
             read_file_latency_s=None,
             read_bandwidth_bps=None,
+            read_concurrency=None,
         )
 
     @property
@@ -136,26 +160,54 @@ def disk_time_of(
     return DiskTime(sum(p.seconds for p in parts), bound)
 
 
-LOCAL_DISK = FsModel(
-    "local disk",
-    16 * 0.000599,
-    16,
-    1.54e9,
-    "measured on the development machine (a 2-core x86_64 VM, ext4 on a virtio disk, "
-    "O_DIRECT, page cache dropped before reads) by conformance/bench/test_bench_disk.py "
-    "(vLLM 0.34.0's batch_store_block / batch_load_block on its 16+16-thread pool; "
-    "reports/bench.json of 2026-12-03 15:27 UTC, commit 6441842+): bandwidth = the median "
-    "over 12 file sizes of 0.96-320 MiB, 1.54 GB/s write and 1.20 GB/s read; per-file "
-    "latency = 16 threads x the time per file at the smallest size (1668 files/s write, "
-    "1287 files/s read of 0.96 MiB files), an upper bound: those files already ran at full "
-    "bandwidth, so the true per-file cost is lower. Local NVMe is typically faster",
-    read_file_latency_s=16 * 0.000777,
-    read_bandwidth_bps=1.20e9,
-)
+def local_disk_from_bench(path: Path = BENCH_JSON) -> FsModel | None:
+    """The local-disk model the disk benchmark measured (``None`` without ``path``).
 
-FS_MODELS: tuple[FsModel, ...] = (
-    LOCAL_DISK,
-    FsModel(
+    From the ``test_disk[...]`` results (vLLM's own ``batch_store_block`` /
+    ``batch_load_block`` on its thread pool, the benchmark's baseline): bandwidth = the
+    median over the file sizes of the baseline's GB/s; per-file latency = threads x the
+    baseline's time per file at the smallest size, an upper bound (those files already
+    move near full bandwidth, so the true per-file cost is lower)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    runs = [b["extra_info"] for b in data.get("benchmarks", ())
+            if str(b.get("name", "")).startswith("test_disk[")]
+    figures: dict[str, tuple[float, float, int, Any]] = {}
+    for direction in ("write", "read"):
+        mine = [r for r in runs if r.get("direction") == direction]
+        if not mine:
+            return None
+        bandwidth = statistics.median(float(r["limit_gbps"]) for r in mine) * 1e9
+        small = min(mine, key=lambda r: int(r["file_bytes"]))
+        per_file = statistics.median(float(s) for s in small["baseline_s"]) / int(small["files"])
+        figures[direction] = (bandwidth, per_file, int(small["threads"]), small)
+    (w_bw, w_file, threads, small), (r_bw, r_file, _, _) = figures["write"], figures["read"]
+    when = str(data.get("datetime", "?"))[:16].replace("T", " ")
+    commit = str(data.get("commit_info", {}).get("id", "?"))[:7]
+    return FsModel(
+        "local disk",
+        threads * w_file,
+        threads,
+        w_bw,
+        f"measured by conformance/bench/test_bench_disk.py (reports/bench.json of {when} UTC, "
+        f"commit {commit}; {small.get('filesystem', '?')}, O_DIRECT {small.get('o_direct')}): "
+        f"vLLM's batch_store_block / batch_load_block on its {threads}-thread pool; bandwidth = "
+        f"the median over {len([r for r in runs if r.get('direction') == 'write'])} file sizes, "
+        f"{w_bw / 1e9:.2f} GB/s write and {r_bw / 1e9:.2f} GB/s read; per-file latency = "
+        f"{threads} threads x the time per file at {small['file_bytes'] / 2**20:.2f} MiB "
+        f"({1 / w_file:.0f} files/s write, {1 / r_file:.0f} read), an upper bound",
+        read_file_latency_s=threads * r_file,
+        read_bandwidth_bps=r_bw,
+    )
+
+
+LOCAL_DISK = local_disk_from_bench()
+"""The measured local disk, or ``None`` where ``reports/bench.json`` is not shipped."""
+
+_ASSUMED: tuple[tuple[str, FsModel], ...] = (
+    ("nfs", FsModel(
         "NFS/Lustre",
         2e-3,
         16,
@@ -164,8 +216,8 @@ FS_MODELS: tuple[FsModel, ...] = (
         "on a datacenter network; mdtest file-create rates of a few thousand/s per client are "
         "the usual published order for Lustre and NFS), 16 fs-tier threads, 2 GB/s "
         "per client",
-    ),
-    FsModel(
+    )),
+    ("object-store", FsModel(
         "object store via FUSE",
         30e-3,
         16,
@@ -173,12 +225,17 @@ FS_MODELS: tuple[FsModel, ...] = (
         "assumed 30 ms per file (S3-class PUT latency; AWS's S3 performance guidance "
         "quotes 100-200 ms first-byte for small objects at the tail, tens of ms typical), "
         "16 threads, 2 GB/s per client",
-    ),
+    )),
 )
-"""The file-tier models: one measured, two assumed (provenance in each ``source``)."""
 
-FS_MODEL_KEYS: dict[str, FsModel] = dict(zip(("local", "nfs", "object-store"), FS_MODELS, strict=True))
+FS_MODEL_KEYS: dict[str, FsModel] = dict(
+    ((("local", LOCAL_DISK),) if LOCAL_DISK is not None else ()) + _ASSUMED
+)
 """Command-line names of :data:`FS_MODELS` (``--fs-model``)."""
+
+FS_MODELS: tuple[FsModel, ...] = tuple(FS_MODEL_KEYS.values())
+"""The file-tier models: the measured one (where the bench's report is) and two assumed
+(provenance in each ``source``)."""
 
 
 def fs_model(name: str) -> FsModel:

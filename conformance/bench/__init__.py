@@ -245,6 +245,14 @@ TARGETS: tuple[Target, ...] = (
         0,
     ),
     Target(
+        "budget_eviction",
+        "packed store throughput with the disk budget full (every store evicts) >= 0.9 x "
+        "with it empty (files/s, reserve + write + complete; issue #25)",
+        0.9,
+        None,
+        0,
+    ),
+    Target(
         "gpu",
         "vLLM CPU-offloading worker >= 0.8 x pinned cudaMemcpyAsync for blocks_per_chunk >= 4",
         0.8,

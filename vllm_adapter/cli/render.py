@@ -216,6 +216,20 @@ def _map_text(sizing: Sizing) -> str:
     )
 
 
+ASSUMPTIONS = (
+    "an unbounded disk index (nothing evicted; --disk-bytes serves the workload over a budget), "
+    "one request at a time (each request's prefill and stores finish before the next), "
+)
+"""What the per-million figures assume (:mod:`reference.economics`), printed with them."""
+GPU_CACHE_MEANS = {
+    "cold": "GPU cache cold: every reused token comes from offload",
+    "hot_shared_prefix": "GPU cache hot_shared_prefix: the system prompt, rounded down to the "
+                         "lcm of the groups' tokens per block, stays on the GPU (modelled; "
+                         "vLLM's LRU block pool does not keep it, see the README)",
+}
+"""One line per :class:`reference.workload.GpuCache` mode, for the output."""
+
+
 def _economics_lines(sizing: Sizing) -> list[tuple[str, str]]:
     w = sizing.workload
     return [
@@ -223,6 +237,9 @@ def _economics_lines(sizing: Sizing) -> list[tuple[str, str]]:
             "GPU cache hot_shared_prefix", "GPU cache hot_shared_prefix (modelled, not checked)")
          + f"; {w.requests} requests, {w.prompt_tokens} prompt tokens"),
         ("rules", _policy_text(sizing)),
+        ("source", w.source),
+        ("assumes", ASSUMPTIONS + GPU_CACHE_MEANS[
+            "hot_shared_prefix" if "GPU cache hot_shared_prefix" in w.shape else "cold"]),
         ("per 1M", "prompt tokens: " + _traffic_text(sizing.traffic)),
         ("per-group", _map_text(sizing)),
     ]

@@ -142,7 +142,9 @@ def plan(request: Request, *, debug: bool = False) -> Sizing:
 
     workload = request.workload_or_default()
     policy, release_known = release_policy(V.VLLM_VERSION, vllm_config, not request.decode_storing)
-    models = request.fs_models or FS_MODELS
+    tier = request.fs_tier or {}
+    models = tuple(m.with_threads(tier.get("n_write_threads"), tier.get("n_read_threads"))
+                   for m in request.fs_models or FS_MODELS)
     served = serve(knob.chunking, workload, policy)
     key_bytes = {gc.group.index: cpu.slot_bytes for gc in knob.chunking.groups}
     chosen = traffic(served, key_bytes, models)

@@ -1,0 +1,533 @@
+"""Disk budget (issue #25): restart time per 100k files, and the eviction overhead.
+
+The root is written as the packed tier writes it: multi-turn sessions (:data:`TURNS`
+turns each, distinct prompts) on the ``block_size`` 512 chunking of the
+gemma-4-31B-it TP2 fixture (:func:`vllm_adapter.planning.fixture_knob`: one
+full-attention group of 512-token chunks, five sliding-window groups of 256-token
+chunks); turn ``t`` of a session is one store job holding the keys that end in its
+``t``-th 512-token span (11 keys: 1 full-attention, 10 window; every full key's parent
+is in the turn before, every boundary's window keys in that turn and the one before).
+Each job is one packed file (:func:`vllm_adapter.safe_fs.store_packed_file`, every
+section :data:`SECTION` bytes, so a file is 48 KiB), reserved and completed through
+:class:`vllm_adapter.budgeted_tier.TierBudget` (:class:`~vllm_adapter.disk_budget.RootLedger`
+``reserve`` with the request's key positions, then ``complete``), as
+``KvchunkFileTierManager``'s packed store task does.
+
+**Restart** (``budget_restart``, informational): a root of :data:`FILES` such files
+(100,000 with ``KVCHUNK_PROFILE=deep``, 20,000 by default, 5,000 with ``dev``;
+``KVCHUNK_BENCH_BUDGET_FILES``), its budget exactly full, then what a tier does when it
+starts (``KvchunkFileTierManager.__init__``): list the namespace's packed files
+(``_files_on_disk``), ``TierBudget(...).start(on_disk)`` (ledger replay, reconcile,
+budget, compaction when the ledger is large), ``PackedIndex().rebuild`` (one header
+read per file).  Each round restores the ledger as the stores wrote it, then times a
+restart with the page cache dropped (when the kernel lets us) and one with it warm,
+then the ledger start once more on the ledger the first restart compacted (a second
+restart).  Seconds per 100k files are the times scaled linearly from :data:`FILES`
+(``x 100000 / FILES``: measured at 20k by default, said so in the row), geometric mean
+with a 95 % t-interval over rounds.
+
+**Eviction overhead** (``budget_eviction``, target ``>= 0.9``): store throughput
+(files/s of the reserve + write + complete path, :data:`STORES` files of whole
+sessions per round) into the full root -- every store evicts one file -- vs into an
+empty root of the same budget (a fresh directory and ledger per round), interleaved
+by :func:`conformance.bench.measure`; the ratio is empty time / full time (full
+throughput / empty throughput) with its paired interval, re-measured once on a miss.
+Where the time goes (reserve, write, complete per store) is recorded for both; when
+the target is not met, a profile of one full-root batch (the top functions by own
+time) is recorded too.
+
+Rounds: ``KVCHUNK_BENCH_BUDGET_RESTART_ROUNDS`` (default 5),
+``KVCHUNK_BENCH_BUDGET_ROUNDS`` (default 7), ``KVCHUNK_BENCH_BUDGET_STORES`` (default
+256, a multiple of :data:`TURNS`).  Files go under ``KVCHUNK_BENCH_DIR`` (default a
+fresh directory in the checkout), ~1 GB at 20k files.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import gc
+import io as _io
+import mmap
+import os
+import pstats
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from conformance.bench import (
+    GEOMETRIES,
+    TARGETS,
+    Variant,
+    env_int,
+    measure,
+    record,
+    rounded,
+)
+from conformance.bench.stats import paired_interval
+from conformance.testing.requires import require_vllm
+from reference import packed as RP
+from reference.eviction import EvictionRule
+from reference.keys import group_keys, prefix_block_hashes
+from reference.knobs import Chunking
+
+require_vllm()
+
+from conformance.bench.test_bench_disk import REPO, drop_caches, filesystem  # noqa: E402
+from conformance.harness import vllm_harness_api as V  # noqa: E402
+from vllm_adapter import packed_file as P  # noqa: E402
+from vllm_adapter import safe_fs as S  # noqa: E402
+from vllm_adapter.budgeted_tier import TierBudget  # noqa: E402
+from vllm_adapter.planning import fixture_knob  # noqa: E402
+
+PROFILE = os.environ.get("KVCHUNK_PROFILE", "ci")
+FILES = env_int("KVCHUNK_BENCH_BUDGET_FILES", {"deep": 100_000, "dev": 5_000}.get(PROFILE, 20_000))
+PER_FILES = 100_000
+"""Issue #25 reports the restart time per 100k files."""
+RESTART_ROUNDS = env_int("KVCHUNK_BENCH_BUDGET_RESTART_ROUNDS", 5)
+ROUNDS = env_int("KVCHUNK_BENCH_BUDGET_ROUNDS", 7)
+STORES = env_int("KVCHUNK_BENCH_BUDGET_STORES", 256)
+TURNS = 8
+"""Turns (store jobs, files) per session."""
+SECTION = 4096
+GEOMETRY = "gemma-4-31B-it-tp2"
+BLOCK_SIZE = 512
+RULE = EvictionRule.REACHABLE
+NAMESPACE = "kvchunk-v2-bench-budget"
+TARGET = next(t for t in TARGETS if t.kind == "budget_eviction")
+
+
+# ---------------------------------------------------------------------------
+# The workload: multi-turn sessions, one packed file per turn
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    """One store job: its new keys (one file) and the request's key -> end token."""
+
+    keys: tuple[bytes, ...]
+    positions: dict[bytes, int]
+
+
+def session_jobs(chunking: Chunking, label: bytes, first: int, sessions: int) -> list[Job]:
+    """The store jobs of ``sessions`` sessions (``label`` and number seed their prompts),
+    session by session, turn by turn: turn ``t`` stores the keys ending in
+    ``(t * A, (t + 1) * A]`` (``A`` the alignment span), with the positions of every key
+    of its request (what vLLM's ``ReqContext`` hands the tier)."""
+    span = chunking.alignment_tokens
+    assert span is not None
+    tph = chunking.tokens_per_hash
+    jobs = []
+    for s in range(first, first + sessions):
+        chain = prefix_block_hashes(list(range(TURNS * span)), tph, seed=label + b"-%d" % s)
+        ends: dict[bytes, int] = {}
+        for gc_ in chunking.groups:
+            for i, key in enumerate(group_keys(chain, gc_)):
+                ends[key] = (i + 1) * gc_.tokens_per_chunk
+        ordered = sorted(ends.items(), key=lambda kv: kv[1])
+        for t in range(TURNS):
+            lo, hi = t * span, (t + 1) * span
+            positions = {k: e for k, e in ordered if e <= hi}
+            jobs.append(Job(tuple(k for k, e in ordered if lo < e <= hi), positions))
+    return jobs
+
+
+class Batches:
+    """Fresh sessions, :data:`STORES` files at a time (never stored before)."""
+
+    def __init__(self, chunking: Chunking, label: bytes) -> None:
+        self.chunking = chunking
+        self.label = label
+        self.next = 0
+
+    def take(self, files: int) -> list[Job]:
+        sessions = files // TURNS
+        jobs = session_jobs(self.chunking, self.label, self.next, sessions)
+        self.next += sessions
+        return jobs
+
+
+# ---------------------------------------------------------------------------
+# A root written as the packed tier writes it
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Phases:
+    """Seconds per store spent in each step of the packed store path."""
+
+    reserve: list[float] = field(default_factory=list)
+    write: list[float] = field(default_factory=list)
+    complete: list[float] = field(default_factory=list)
+
+    def medians_ms(self) -> dict[str, float]:
+        return {name: statistics.median(getattr(self, name)) * 1e3
+                for name in ("reserve", "write", "complete") if getattr(self, name)}
+
+
+class Root:
+    """One ``root_dir``: its namespace directory, the tier's budget and packed index."""
+
+    def __init__(self, parent: str, chunking: Chunking, budget: int, name: str = "root") -> None:
+        self.root = os.path.join(parent, name)
+        self.namespace_dir = os.path.join(self.root, NAMESPACE)
+        os.makedirs(self.namespace_dir)
+        self.chunking = chunking
+        self.budget_bytes = budget
+        self.io = S.ChunkIO(namespace=bytes(16), o_direct=bool(V.probe_o_direct(self.root)))
+        self.tier = self.new_tier()
+        self.index = S.PackedIndex()
+        self.phases = Phases()
+        self.stores = 0
+
+    def new_tier(self) -> TierBudget:
+        """What ``KvchunkFileTierManager.__init__`` builds (before its ``start``)."""
+        return TierBudget(self.root, self.namespace_dir, self.budget_bytes, RULE, self.chunking)
+
+    def on_disk(self) -> list[str]:
+        """``KvchunkFileTierManager._files_on_disk`` of the packed layout."""
+        return list(P.iter_packed_files(self.namespace_dir))
+
+    def store(self, job: Job, payload: memoryview) -> None:
+        """``KvchunkFileTierManager._packed_store_task``: reserve (evicting), write, complete."""
+        t0 = time.perf_counter()
+        admitted = self.tier.reserve([list(job.keys)],
+                                     lambda ks: P.packed_name(self.namespace_dir, ks),
+                                     file_bytes, job.positions, self.index.__contains__)
+        if admitted is None:
+            raise OSError(f"the budget refused a store ({self.tier.snapshot()})")
+        t1 = time.perf_counter()
+        done = []
+        for path, keys in admitted:
+            sections = S.store_packed_file(path, keys, payload,
+                                           [i * SECTION for i in range(len(keys))], SECTION,
+                                           self.io)
+            self.index.add(path, sections)
+            done.append((path, True))
+        t2 = time.perf_counter()
+        for gone in self.tier.complete(done):
+            self.index.drop_file(gone)
+        t3 = time.perf_counter()
+        self.phases.reserve.append(t1 - t0)
+        self.phases.write.append(t2 - t1)
+        self.phases.complete.append(t3 - t2)
+        self.stores += 1
+
+    def store_all(self, jobs: Sequence[Job], payload: memoryview) -> None:
+        for job in jobs:
+            self.store(job, payload)
+
+
+def file_bytes(keys: Sequence[bytes]) -> int:
+    """What the packed tier reserves for a file of ``keys`` (``_file_bytes``)."""
+    return RP.packed_file_bytes([SECTION] * len(keys), [len(k) for k in keys])
+
+
+@dataclass
+class Built:
+    """The root of :data:`FILES` files, its budget exactly full, and the ledger as written."""
+
+    parent: str
+    root: Root
+    files: int
+    keys_per_file: int
+    file_bytes: int
+    build_s: float
+    ledger_as_written: str
+    dirty: bool = False
+    """The eviction benchmark stored into (and evicted from) it."""
+
+    def restore_ledger(self) -> None:
+        shutil.copyfile(self.ledger_as_written, self.root.tier.ledger.ledger_path)
+
+
+def _payload() -> tuple[mmap.mmap, memoryview]:
+    buffer = mmap.mmap(-1, 64 * SECTION)
+    buffer[:] = os.urandom(64 * SECTION)
+    return buffer, memoryview(buffer)
+
+
+def build(parent: str, chunking: Chunking, payload: memoryview) -> Built:
+    """Write :data:`FILES` files of whole sessions into a fresh root whose budget they fill."""
+    sessions = -(-FILES // TURNS)
+    probe = session_jobs(chunking, b"probe", 0, 1)
+    assert len({len(j.keys) for j in probe}) == 1, "every turn should store as many keys"
+    per_file = file_bytes(probe[0].keys)
+    root = Root(parent, chunking, sessions * TURNS * per_file)
+    start = time.perf_counter()
+    batch = 256
+    for first in range(0, sessions, batch):
+        root.store_all(session_jobs(chunking, b"root", first, min(batch, sessions - first)),
+                       payload)
+    build_s = time.perf_counter() - start
+    snap = root.tier.snapshot()
+    assert snap["disk_files"] == sessions * TURNS and snap["files_evicted"] == 0, snap
+    assert snap["disk_bytes"] == root.budget_bytes, snap
+    ledger = os.path.join(parent, "ledger-as-written.jsonl")
+    shutil.copyfile(root.tier.ledger.ledger_path, ledger)
+    return Built(parent, root, sessions * TURNS, len(probe[0].keys), per_file, build_s, ledger)
+
+
+@pytest.fixture(scope="module")
+def chunking() -> Chunking:
+    assert GEOMETRY in GEOMETRIES
+    return fixture_knob(GEOMETRY, "block_size", BLOCK_SIZE).chunking
+
+
+@pytest.fixture(scope="module")
+def payload() -> Iterator[memoryview]:
+    buffer, view = _payload()
+    yield view
+    view.release()
+    buffer.close()
+
+
+@pytest.fixture(scope="module")
+def built(chunking: Chunking, payload: memoryview) -> Iterator[Built]:
+    parent = tempfile.mkdtemp(prefix=".kvchunk-bench-",
+                              dir=os.environ.get("KVCHUNK_BENCH_DIR") or str(REPO))
+    try:
+        yield build(parent, chunking, payload)
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def _rebuilt(built: Built, chunking: Chunking, payload: memoryview) -> Built:
+    """``built``, written anew when the eviction benchmark already changed it."""
+    if not built.dirty:
+        return built
+    shutil.rmtree(built.root.root)
+    return build(built.parent, chunking, payload)
+
+
+# ---------------------------------------------------------------------------
+# Restart
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Restart:
+    """One restart's seconds per step and what it found."""
+
+    scan: float
+    ledger: float
+    index: float
+    started: dict[str, int]
+    indexed: tuple[int, int]
+    keys: int
+
+    @property
+    def total(self) -> float:
+        return self.scan + self.ledger + self.index
+
+
+def restart(root: Root) -> Restart:
+    """What ``KvchunkFileTierManager.__init__`` does over an existing root, timed per step."""
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        on_disk = root.on_disk()
+        t1 = time.perf_counter()
+        started = root.new_tier().start(on_disk)
+        t2 = time.perf_counter()
+        index = S.PackedIndex()
+        indexed = index.rebuild(root.namespace_dir, root.io)
+        t3 = time.perf_counter()
+    finally:
+        gc.enable()
+    return Restart(t1 - t0, t2 - t1, t3 - t2, started, indexed, len(index))
+
+
+def ledger_start(root: Root) -> float:
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        root.new_tier().start(root.on_disk())
+        return time.perf_counter() - t0
+    finally:
+        gc.enable()
+
+
+def per_100k(times: Sequence[float], files: int) -> dict[str, Any]:
+    """Seconds per :data:`PER_FILES` files: the geometric mean of the round times scaled
+    linearly, and its 95 % t-interval (a ratio against the constant ``files / PER_FILES``)."""
+    iv = paired_interval(times, [files / PER_FILES] * len(times), speed=False)
+    return {"s_per_100k": iv.ratio, "s_per_100k_ci": [iv.low, iv.high],
+            "seconds": rounded(times, 4)}
+
+
+def test_budget_restart(benchmark: Any, built: Built, chunking: Chunking,
+                        payload: memoryview) -> None:
+    built = _rebuilt(built, chunking, payload)
+    root = built.root
+    files = built.files
+    cold: list[Restart] = []
+    warm: list[Restart] = []
+    second: list[float] = []
+    dropped: list[bool] = []
+    sizes: dict[str, int] = {}
+
+    def one() -> None:
+        built.restore_ledger()
+        sizes["as_written"] = os.path.getsize(root.tier.ledger.ledger_path)
+        if drop_caches():
+            dropped.append(True)
+            cold.append(restart(root))
+        else:
+            dropped.append(False)
+        built.restore_ledger()
+        warm.append(restart(root))
+        sizes["after_start"] = os.path.getsize(root.tier.ledger.ledger_path)
+        second.append(ledger_start(root))
+
+    benchmark.pedantic(one, rounds=RESTART_ROUNDS, iterations=1, warmup_rounds=0)
+    built.restore_ledger()
+    for r in (*cold, *warm):
+        assert r.started == {"reclaimed": 0, "missing": 0, "orphans": 0, "evicted": 0,
+                             "files": files, "bytes": root.budget_bytes}, r.started
+        assert r.indexed == (files, 0) and r.keys == files * built.keys_per_file
+    info: dict[str, Any] = dict(
+        kind="budget_restart",
+        geometry=GEOMETRY,
+        label=GEOMETRIES[GEOMETRY],
+        block_size=BLOCK_SIZE,
+        files=files,
+        per_files=PER_FILES,
+        scaling=f"measured at {files:,} files, scaled linearly to {PER_FILES:,} "
+                f"(x {PER_FILES / files:g})",
+        profile=PROFILE,
+        turns_per_session=TURNS,
+        keys_per_file=built.keys_per_file,
+        section_bytes=SECTION,
+        file_bytes=built.file_bytes,
+        budget_bytes=root.budget_bytes,
+        build_s=round(built.build_s, 3),
+        build_files_per_s=files / built.build_s,
+        ledger_bytes_as_written=sizes["as_written"],
+        ledger_bytes_after_start=sizes["after_start"],
+        compacted_at_start=sizes["after_start"] != sizes["as_written"],
+        o_direct=root.io.o_direct,
+        filesystem=filesystem(os.path.realpath(root.root)),
+        drop_caches=bool(dropped and all(dropped)),
+        rounds=len(warm),
+    )
+    steps: dict[str, Callable[[Restart], float]] = {
+        "total": lambda r: r.total, "scan": lambda r: r.scan,
+        "ledger": lambda r: r.ledger, "index": lambda r: r.index,
+    }
+    for name, of in steps.items():
+        info[f"warm_{name}"] = per_100k([of(r) for r in warm], files)
+        if len(cold) >= 2:
+            info[f"cold_{name}"] = per_100k([of(r) for r in cold], files)
+    info["warm_ledger_second_start"] = per_100k(second, files)
+    headline = info["cold_total"] if len(cold) >= 2 else info["warm_total"]
+    info["s_per_100k"] = headline["s_per_100k"]
+    info["s_per_100k_ci"] = headline["s_per_100k_ci"]
+    info["headline"] = "cold page cache" if len(cold) >= 2 else "warm page cache"
+    record(benchmark, **info)
+
+
+# ---------------------------------------------------------------------------
+# Eviction overhead
+# ---------------------------------------------------------------------------
+
+
+def _profile_top(root: Root, jobs: Sequence[Job], payload: memoryview, n: int = 8) -> list[str]:
+    """The top ``n`` functions by own time over one batch of stores into ``root``."""
+    profiler = cProfile.Profile()
+    profiler.runcall(root.store_all, jobs, payload)
+    out = _io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    total = stats.total_tt  # type: ignore[attr-defined]
+    rows = []
+    for (path, line, func), (_, calls, own, cum, _) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append((own, cum, calls, f"{os.path.basename(path)}:{line}({func})"))
+    rows.sort(reverse=True)
+    return [f"{where}: {own / total:.0%} own, {cum / total:.0%} cumulative, {calls} calls"
+            for own, cum, calls, where in rows[:n]]
+
+
+def test_budget_eviction_overhead(benchmark: Any, built: Built, chunking: Chunking,
+                                  payload: memoryview) -> None:
+    assert STORES % TURNS == 0, f"KVCHUNK_BENCH_BUDGET_STORES must be a multiple of {TURNS}"
+    built.dirty = True
+    full = built.root
+    full.tier = full.new_tier()
+    started = full.tier.start(full.on_disk())
+    assert started["evicted"] == 0 and started["bytes"] == full.budget_bytes, started
+    files_before = started["files"]
+    full.phases = Phases()
+    full_batches = Batches(chunking, b"full")
+    empty_jobs = Batches(chunking, b"empty").take(STORES)
+    empties: list[Root] = []
+
+    def fresh_empty() -> Root:
+        while empties:
+            shutil.rmtree(empties.pop().root, ignore_errors=True)
+        name = f"empty-{time.monotonic_ns()}"
+        root = Root(built.parent, chunking, full.budget_bytes, name)
+        empties.append(root)
+        return root
+
+    empty_phases = Phases()
+
+    def store_empty(root: Root) -> None:
+        root.phases = empty_phases
+        root.store_all(empty_jobs, payload)
+
+    def store_full(jobs: list[Job]) -> None:
+        full.store_all(jobs, payload)
+
+    candidate = Variant(store_full, lambda: full_batches.take(STORES))
+    baseline = Variant(store_empty, fresh_empty)
+    about = {"kind": "budget_eviction", "blocks_per_chunk": 0, "target_checked": True}
+    try:
+        m = measure(benchmark, candidate, {"empty": baseline}, rounds=ROUNDS)
+        fields = m.ratio_fields("empty", speed=True, about=about)
+        # every store into the full root evicted exactly one file; none into an empty one
+        snap = full.tier.snapshot()
+        assert snap["disk_files"] == files_before and snap["disk_bytes"] <= full.budget_bytes, snap
+        assert snap["files_evicted"] == full.stores and snap["stores_refused"] == 0, snap
+        assert all(r.tier.snapshot()["files_evicted"] == 0 for r in empties)
+        full_s, empty_s = m.median(), m.median("empty")
+        info: dict[str, Any] = dict(
+            **about,
+            geometry=GEOMETRY,
+            label=GEOMETRIES[GEOMETRY],
+            block_size=BLOCK_SIZE,
+            rule=RULE.value,
+            files_on_full_root=files_before,
+            stores_per_round=STORES,
+            turns_per_session=TURNS,
+            keys_per_file=built.keys_per_file,
+            section_bytes=SECTION,
+            file_bytes=built.file_bytes,
+            budget_bytes=full.budget_bytes,
+            profile=PROFILE,
+            o_direct=full.io.o_direct,
+            filesystem=filesystem(os.path.realpath(full.root)),
+            **fields,
+            full_files_per_s=STORES / full_s,
+            empty_files_per_s=STORES / empty_s,
+            full_s_median=full_s,
+            empty_s_median=empty_s,
+            full_ms_per_store=full.phases.medians_ms(),
+            empty_ms_per_store=empty_phases.medians_ms(),
+            files_evicted=snap["files_evicted"],
+            candidate_s=rounded(m.candidate),
+            baseline_s=rounded(m.baselines["empty"]),
+        )
+        if TARGET.verdict(info) != "met":
+            info["full_profile_top"] = _profile_top(full, full_batches.take(STORES), payload)
+        record(benchmark, **info)
+    finally:
+        while empties:
+            shutil.rmtree(empties.pop().root, ignore_errors=True)

@@ -1,0 +1,207 @@
+"""The reference's prediction for a budgeted packed disk tier behind a large CPU tier.
+
+What :mod:`conformance.lanes.test_tiered_eviction_economics` holds kvchunk's tier to,
+built from the reference's own pieces only: :class:`reference.economics.Engine` (the
+one engine loop: lookup, allocate, chunked prefill in ``budget`` steps, decode,
+finish) over a :class:`reference.plan.Planner`, whose chunk index is
+:class:`TieredIndex`: an unbounded CPU tier (a set of keys) in front of a
+:class:`reference.eviction.BudgetedIndex` (the disk: its files, its byte budget, its
+eviction rule, its prefix structure), in the order vLLM's ``TieringOffloadingManager``
+drives a secondary tier:
+
+* **stores**: a key the CPU tier does not hold is stored there (the Planner's store
+  job); when the job completes, the same keys are cascaded to the disk as one store
+  (:meth:`BudgetedIndex.prepare_store`: keys already on disk left out, keys that would
+  arrive stranded left out under the rule, one packed file, evicting by the rule
+  first, refused when nothing evictable makes it fit), completed at once
+  (:meth:`BudgetedIndex.complete_store`).  Stores reserve in job order.
+* **lookups**: a key the CPU tier holds is a hit there (the disk is not asked); any
+  other key is looked up on the disk (:meth:`BudgetedIndex.lookup`: a hit refreshes
+  its file's use time).
+* **loads**: the keys of a load job the CPU tier does not hold are read from the disk
+  (:meth:`BudgetedIndex.prepare_load`: a read per distinct file of the job, use times
+  refreshed) and are then held by the CPU tier (it keeps what it promoted).
+* **passes**: between passes the CPU tier is emptied (vLLM's ``reset_cache``); the
+  disk keeps its files, its use times and its prefix structure.  In pass 1 the CPU
+  tier holds everything stored, so the disk is never hit nor read: it only takes
+  stores (and evicts for them).  In pass 2 the disk is looked up and read, and every
+  chunk recomputed is stored to the CPU tier again and cascaded to the disk again
+  (rewritten if it was evicted).
+* **sizes**: a packed file of ``n`` keys is :func:`reference.packed.packed_file_bytes`
+  of ``n`` sections of one CPU-tier row (:func:`reference.geometry.cpu_row_bytes`) and
+  the keys' lengths: the header and the page-rounded sections.
+* **structure**: the disk's :class:`~reference.prefix_structure.PrefixStructure` is
+  fed each request's whole hash chain (prompt and output) before its lookup.
+
+Counts per pass (:class:`PassCounts`): files written, evicted, on disk at the end,
+files read, stores refused, keys left out as stranded on arrival, and the prompt
+tokens recomputed (not served by the GPU prefix cache nor by an offload hit, the CPU
+and the disk tiers together).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from reference.economics import Engine, Tally, hashed
+from reference.eviction import BudgetedIndex, EvictionRule, Layout
+from reference.knobs import Chunking
+from reference.packed import packed_file_bytes
+from reference.plan import Planner, Policy
+from reference.store import LookupResult, StorePlan
+from reference.workload import GpuCache, WorkloadRequest
+
+__all__ = [
+    "PackedBudgetedIndex",
+    "PassCounts",
+    "TieredIndex",
+    "budgets",
+    "predict",
+]
+
+
+class PackedBudgetedIndex(BudgetedIndex):
+    """:class:`BudgetedIndex` (packed layout) whose files are sized as packed files:
+    :func:`packed_file_bytes` of one ``row_bytes`` section per key (the index's own
+    ``_size`` sums a size per key, without the packed header)."""
+
+    def __init__(self, chunking: Chunking, row_bytes: int, budget_bytes: int,
+                 rule: EvictionRule, policy: Policy) -> None:
+        super().__init__(chunking, row_bytes, budget_bytes, rule, Layout.PACKED, policy.window)
+        self.row_bytes = row_bytes
+
+    def _size(self, keys: Any) -> int:
+        keys = list(keys)
+        return packed_file_bytes([self.row_bytes] * len(keys), [len(k) for k in keys])
+
+
+class TieredIndex:
+    """A CPU tier that holds every key it is given, in front of a budgeted disk
+    (``reference.plan.ChunkIndex``; the order of events in the module docstring)."""
+
+    def __init__(self, disk: BudgetedIndex) -> None:
+        self.disk = disk
+        self.cpu: set[bytes] = set()
+        self._pending: set[bytes] = set()
+
+    def lookup(self, key: bytes) -> LookupResult:
+        if key in self._pending:
+            return LookupResult.HIT_PENDING
+        if key in self.cpu:
+            return LookupResult.HIT
+        return self.disk.lookup(key)
+
+    def prepare_store(self, keys: Sequence[bytes]) -> StorePlan | None:
+        new = tuple(dict.fromkeys(k for k in keys if k not in self.cpu and k not in self._pending))
+        self._pending.update(new)
+        return StorePlan(new, tuple(range(len(new))), ())
+
+    def complete_store(self, keys: Sequence[bytes], success: bool = True) -> None:
+        self._pending.difference_update(keys)
+        if not success:
+            return
+        self.cpu.update(keys)
+        plan = self.disk.prepare_store(list(keys))  # the cascade: one store of the job's keys
+        if plan is not None and plan.keys_to_store:
+            self.disk.complete_store(plan.keys_to_store, True)
+
+    def prepare_load(self, keys: Sequence[bytes]) -> object:
+        from_disk = [k for k in dict.fromkeys(keys) if k not in self.cpu]
+        if from_disk:
+            self.disk.prepare_load(from_disk)
+            self.disk.complete_load(from_disk)
+            self.cpu.update(from_disk)
+        return None
+
+    def complete_load(self, keys: Sequence[bytes]) -> None:
+        return None
+
+    def reset(self) -> None:
+        """The CPU tier is reset; the disk keeps its files."""
+        self.cpu.clear()
+        self._pending.clear()
+
+
+@dataclass(frozen=True)
+class PassCounts:
+    """One pass over a budgeted packed disk (see the module docstring)."""
+
+    files_written: int
+    files_evicted: int
+    files_on_disk: int
+    """Files on disk when the pass ended."""
+    bytes_on_disk: int
+    files_read: int
+    stores_refused: int
+    keys_not_admitted: int
+    prompt_tokens: int
+    recomputed_tokens: int
+    """Prompt tokens neither the GPU prefix cache nor an offload hit served."""
+
+
+def predict(
+    chunking: Chunking,
+    reqs: Sequence[WorkloadRequest],
+    policy: Policy,
+    *,
+    row_bytes: int,
+    budget_bytes: int,
+    budget_tokens: int,
+    passes: int = 2,
+    rule: EvictionRule = EvictionRule.REACHABLE,
+) -> list[PassCounts]:
+    """Serve ``reqs`` ``passes`` times (cold GPU: the GPU prefix cache empty before every
+    request) over :class:`TieredIndex` with a disk of ``budget_bytes``; counts per pass."""
+    disk = PackedBudgetedIndex(chunking, row_bytes, budget_bytes, rule, policy)
+    tiered = TieredIndex(disk)
+    engine = Engine(chunking, policy, budget_tokens, tiered)
+    engine.gpu_cache = GpuCache.COLD
+    chains = hashed(list(reqs), chunking.tokens_per_hash)
+    out: list[PassCounts] = []
+    for n in range(passes):
+        if n:
+            engine.planner.reset()  # the CPU tier: empty; the disk: kept
+        engine.tally = Tally()
+        engine.loaded.clear()
+        before = (disk.files_written, disk.files_evicted, disk.files_read, disk.stores_refused,
+                  disk.keys_dropped)
+        for req, all_hashes in chains:
+            disk.observe(all_hashes)
+            engine.serve(req, all_hashes)
+        t = engine.tally
+        out.append(PassCounts(
+            files_written=disk.files_written - before[0],
+            files_evicted=disk.files_evicted - before[1],
+            files_on_disk=len(disk.disk.files),
+            bytes_on_disk=disk.disk.bytes,
+            files_read=disk.files_read - before[2],
+            stores_refused=disk.stores_refused - before[3],
+            keys_not_admitted=disk.keys_dropped - before[4],
+            prompt_tokens=t.prompt_tokens,
+            recomputed_tokens=t.prompt_tokens - t.gpu_hit - t.offload_hit,
+        ))
+    return out
+
+
+def budgets(
+    chunking: Chunking,
+    reqs: Sequence[WorkloadRequest],
+    policy: Policy,
+    *,
+    row_bytes: int,
+    budget_tokens: int,
+    fractions: Sequence[float],
+) -> tuple[int, list[int]]:
+    """The bytes pass 1 writes on an unbounded disk, and ``fractions`` of them, each at
+    least the largest file of that run (so one file always fits)."""
+    disk = PackedBudgetedIndex(chunking, row_bytes, 2**62, EvictionRule.REACHABLE, policy)
+    engine = Engine(chunking, policy, budget_tokens, TieredIndex(disk))
+    engine.gpu_cache = GpuCache.COLD
+    for req, all_hashes in hashed(list(reqs), chunking.tokens_per_hash):
+        disk.observe(all_hashes)
+        engine.serve(req, all_hashes)
+    total = disk.disk.bytes
+    largest = max((f.nbytes for f in disk.disk.files.values()), default=0)
+    return total, [max(largest, int(total * f)) for f in fractions]
