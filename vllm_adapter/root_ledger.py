@@ -130,6 +130,9 @@ class RootLedger:
         self._inode: int | None = None
         self._offset = 0
         self._live_records = 0
+        self._add_bytes = 0
+        self._adds = 0
+        """Bytes and count of the ``add`` records read or written: a snapshot's size per file."""
 
     def _space(self, ns: str) -> _Namespace:
         if ns not in self._spaces:
@@ -146,8 +149,9 @@ class RootLedger:
 
     def set_chunking(self, ns: str, chunking: Chunking) -> None:
         """Namespace ``ns`` is this tier's: its structure is fed by :meth:`observe` too."""
+        with self._thread_lock:
+            self._chunkings[ns] = chunking  # before the first replay: one replay, with it
         with self._locked():
-            self._chunkings[ns] = chunking
             if self._spaces.get(ns) is not None and self._spaces[ns].structure.chunking is None:
                 self._reset()  # replay with the chunking
                 self._sync()
@@ -331,13 +335,22 @@ class RootLedger:
                 rec = json.loads(line)
             except ValueError:
                 continue  # a record torn by a writer killed mid-append
+            self._count_add(rec, len(line))
             self._apply(rec)
         self._offset += end
+
+    def _count_add(self, rec: dict[str, Any], nbytes: int) -> None:
+        if rec.get("op") == "add":
+            self._add_bytes += nbytes
+            self._adds += 1
 
     def _append(self, records: Sequence[dict[str, Any]]) -> None:
         if not records:
             return
-        data = b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in records)
+        lines = [json.dumps(r, separators=(",", ":")).encode() for r in records]
+        for r, line in zip(records, lines, strict=True):
+            self._count_add(r, len(line))
+        data = b"".join(line + b"\n" for line in lines)
         fd = os.open(self.ledger_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             st = os.fstat(fd)
@@ -411,11 +424,12 @@ class RootLedger:
                 added.append(space.disk.add(keys, size_of(keys), ready=False))
                 self._tock(space.disk)
             victims = self._evict(0)
-            for fid in added:
-                space.disk.remove(fid)
             if victims is None:
+                self._replay_all()  # drops the files just added (and any removal)
                 self.counters.add(stores_refused=1)
                 return None
+            for fid in added:
+                space.disk.remove(fid)
             records: list[dict[str, Any]] = [{"op": "rm", "path": p} for p, _ in victims]
             for path, keys in out:
                 records.append({
@@ -443,33 +457,29 @@ class RootLedger:
                 yield disk.files[unit[0]].last_use, ns, unit
 
     def _evict(self, needed: int) -> list[tuple[str, int]] | None:
-        """Remove units by the rule until ``needed`` more bytes fit (model only); the
-        victims ``(path, bytes)``, or None with the model unchanged."""
-        removed: list[tuple[str, int, _File, str]] = []
+        """Remove units by the rule from the model until ``needed`` more bytes fit; the
+        victims ``(path, bytes)`` (the caller appends their ``rm`` records and unlinks
+        them), or None with the model as the journal says (replayed: a refusal is rare,
+        and undoing the removals one by one costs O(files) each)."""
+        victims: list[tuple[str, int]] = []
         while self.total_bytes + needed > self.budget:
             best = min(self._candidates(), default=None)
             if best is None:
-                for ns, fid, f, path in reversed(removed):
-                    space = self._spaces[ns]
-                    space.disk._restore(fid, f)
-                    space.path_of[fid] = path
-                    self._where[path] = (ns, fid)
-                return None
+                return None  # the caller replays the journal: the model as it was
             _, ns, unit = best
             space = self._spaces[ns]
             for fid in unit:
-                f = space.disk.files[fid]
-                path = space.path_of.pop(fid)
-                del self._where[path]
-                space.disk.remove(fid)
-                removed.append((ns, fid, f, path))
-        # the caller appends the records (which remove them): put them back as they were
-        for ns, fid, f, path in reversed(removed):
-            space = self._spaces[ns]
-            space.disk._restore(fid, f)
-            space.path_of[fid] = path
-            self._where[path] = (ns, fid)
-        return [(path, f.nbytes) for _, _, f, path in removed]
+                path = space.path_of[fid]
+                victims.append((path, space.disk.files[fid].nbytes))
+                self._remove(path)
+        return victims
+
+    def _replay_all(self) -> None:
+        """The model as the journal says, rebuilt (pending events kept)."""
+        events = self._events
+        self._reset()
+        self._sync()
+        self._events = events
 
     def complete(self, results: Sequence[tuple[str, bool]]) -> list[str]:
         """Files written (True) or failed (False).  A failed file leaves the ledger, and
@@ -594,7 +604,9 @@ class RootLedger:
             self.compact_locked()
 
     def _snapshot_estimate(self) -> int:
-        return max(1, self._live_records) * 512
+        """Bytes a compacted ledger takes: the live files' add records (and their done)."""
+        per_file = self._add_bytes / self._adds if self._adds else 512
+        return int(max(1, self._live_records) * (per_file + 64))
 
     def compact(self) -> None:
         with self._locked():

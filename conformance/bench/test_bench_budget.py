@@ -16,15 +16,17 @@ section :data:`SECTION` bytes, so a file is 48 KiB), reserved and completed thro
 **Restart** (``budget_restart``, informational): a root of :data:`FILES` such files
 (100,000 with ``KVCHUNK_PROFILE=deep``, 20,000 by default, 5,000 with ``dev``;
 ``KVCHUNK_BENCH_BUDGET_FILES``), its budget exactly full, then what a tier does when it
-starts (``KvchunkFileTierManager.__init__``): list the namespace's packed files
-(``_files_on_disk``), ``TierBudget(...).start(on_disk)`` (ledger replay, reconcile,
-budget, compaction when the ledger is large), ``PackedIndex().rebuild`` (one header
-read per file).  Each round restores the ledger as the stores wrote it, then times a
-restart with the page cache dropped (when the kernel lets us) and one with it warm,
-then the ledger start once more on the ledger the first restart compacted (a second
-restart).  Seconds per 100k files are the times scaled linearly from :data:`FILES`
-(``x 100000 / FILES``: measured at 20k by default, said so in the row), geometric mean
-with a 95 % t-interval over rounds.
+starts (``KvchunkFileTierManager.__init__``), each step timed: ``scan``, list the
+namespace's packed files (``_files_on_disk``); ``ledger``, ``TierBudget(...)`` (a
+:class:`~vllm_adapter.disk_budget.RootLedger` and its ``set_chunking``, which replays
+the ledger) and its ``start(on_disk)`` (replay, reconcile, budget, compaction when the
+ledger is large); ``index``, ``PackedIndex().rebuild`` (one header read per file).  Each
+round restores the ledger as the stores wrote it, then times a restart with the page
+cache dropped (when the kernel lets us; the headline figure then, else the warm one)
+and one with it warm, then the ledger step once more on the ledger the restart before
+compacted (a second restart).  Seconds per 100k files are the times scaled linearly
+from :data:`FILES` (``x 100000 / FILES``: measured at 20k files by default, said so in
+the row), geometric mean with a 95 % t-interval over rounds.
 
 **Eviction overhead** (``budget_eviction``, target ``>= 0.9``): store throughput
 (files/s of the reserve + write + complete path, :data:`STORES` files of whole
@@ -34,7 +36,8 @@ by :func:`conformance.bench.measure`; the ratio is empty time / full time (full
 throughput / empty throughput) with its paired interval, re-measured once on a miss.
 Where the time goes (reserve, write, complete per store) is recorded for both; when
 the target is not met, a profile of one full-root batch (the top functions by own
-time) is recorded too.
+time) is recorded too.  It stores into the restart benchmark's root (which is written
+anew if the restart benchmark runs after it).
 
 Rounds: ``KVCHUNK_BENCH_BUDGET_RESTART_ROUNDS`` (default 5),
 ``KVCHUNK_BENCH_BUDGET_ROUNDS`` (default 7), ``KVCHUNK_BENCH_BUDGET_STORES`` (default
@@ -465,6 +468,7 @@ def test_budget_eviction_overhead(benchmark: Any, built: Built, chunking: Chunki
     assert started["evicted"] == 0 and started["bytes"] == full.budget_bytes, started
     files_before = started["files"]
     full.phases = Phases()
+    full.stores = 0
     full_batches = Batches(chunking, b"full")
     empty_jobs = Batches(chunking, b"empty").take(STORES)
     empties: list[Root] = []
