@@ -341,7 +341,7 @@ class Disk:
     def arrives_stranded(self, keys: Sequence[bytes], *, pending_windows: bool = False) -> set[bytes]:
         """Keys of a new file that would be stranded on arrival: a full-attention key
         whose parent is neither on disk nor in the file, a window key with no boundary
-        whole once the file is on disk (keys in order: parents first).
+        whole once the file is on disk (in any order).
 
         ``pending_windows``: a window key is also admitted when a boundary it serves can
         still be completed by later stores (each of its full-attention keys present, or
@@ -352,16 +352,17 @@ class Disk:
         s = self.structure
         incoming = set(keys)
         bad: set[bytes] = set()
-        for key in keys:
-            if not s.is_full(key):
-                continue
-            if key not in s.parent:
-                bad.add(key)
-                continue
-            parent = s.parent[key]
-            if parent is not None and (parent in bad or (
-                    parent not in self.file_of and parent not in incoming)):
-                bad.add(key)
+        changed = True
+        while changed:  # to a fixpoint: the keys may come in any order (vLLM 0.33 uses a set)
+            changed = False
+            for key in keys:
+                if key in bad or not s.is_full(key):
+                    continue
+                parent = s.parent.get(key, b"")
+                if parent == b"" or (parent is not None and (parent in bad or (
+                        parent not in self.file_of and parent not in incoming))):
+                    bad.add(key)
+                    changed = True
 
         def have(k: bytes) -> bool:
             return (k in incoming and k not in bad) or k in self.file_of

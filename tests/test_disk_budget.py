@@ -260,3 +260,19 @@ def test_compaction_keeps_the_model(tmp_path: Path) -> None:
         space = ledger._spaces[NS]
         assert ledger.files() == before
         assert [space.path_of[f] for f in space.disk.lru_order()] == order
+
+
+def test_a_child_is_not_admitted_before_its_refused_parent_whatever_the_key_order(
+    tmp_path: Path,
+) -> None:
+    """vLLM 0.33 hands a store job's keys as a set: chunk 2 may come before chunk 1.  With
+    chunk 0 absent, neither may be admitted (chunk 2 would be stranded on arrival)."""
+    full = group_keys(prefix_block_hashes(list(range(96)), 16), CHUNKING.groups[0])
+    positions = {k: 32 * (i + 1) for i, k in enumerate(full)}
+    for order in ([full[2], full[1]], [full[1], full[2]]):
+        root = tmp_path / order[0].hex()[:8]
+        root.mkdir()
+        e = Engine(root, 100 * FILE)
+        out = e.ledger.reserve(NS, [order], lambda ks: f"{NS}/x.kvp", lambda ks: FILE * len(ks),
+                               positions)
+        assert out == [], f"keys in order {[full.index(k) for k in order]} admitted: {out}"

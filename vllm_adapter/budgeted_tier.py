@@ -61,12 +61,14 @@ class TierBudget:
     def reserve(
         self, files: Sequence[Sequence[bytes]], name_of: Callable[[Sequence[bytes]], str],
         size_of: Callable[[Sequence[bytes]], int], positions: dict[bytes, int] | None = None,
-        servable: Callable[[bytes], bool] | None = None,
+        servable: Callable[[bytes, str], bool] | None = None,
     ) -> list[tuple[str, tuple[bytes, ...]]] | None:
         """:meth:`RootLedger.reserve` with absolute paths; ``positions``: :func:`key_positions`
         of the store job's request."""
         out = self.ledger.reserve(self.ns, files, lambda keys: self._rel(name_of(keys)), size_of,
-                                  positions, servable)
+                                  positions,
+                                  None if servable is None
+                                  else lambda key, rel: servable(key, self._abs(rel)))
         return None if out is None else [(self._abs(p), keys) for p, keys in out]
 
     def complete(self, results: Sequence[tuple[str, bool]]) -> list[str]:

@@ -370,7 +370,7 @@ class RootLedger:
     def reserve(
         self, ns: str, files: Sequence[Sequence[bytes]],
         name_of: Callable[[Sequence[bytes]], str], size_of: Callable[[Sequence[bytes]], int],
-        positions: Any = None, servable: Callable[[bytes], bool] | None = None,
+        positions: Any = None, servable: Callable[[bytes, str], bool] | None = None,
     ) -> list[tuple[str, tuple[bytes, ...]]] | None:
         """Room for new files of ``ns`` (each a list of keys), evicting by the rule first.
 
@@ -380,8 +380,8 @@ class RootLedger:
         already on the root are left out too.  None when they do not fit: nothing
         reserved, nothing evicted.  Victims are removed from the ledger and unlinked
         before this returns.  ``positions``: the request's key -> end token, observed
-        first (:meth:`observe`).  ``servable``: whether the tier can still load a key the
-        ledger holds; a key it cannot (its section failed, its file vanished) leaves its
+        first (:meth:`observe`).  ``servable(key, path)``: whether the tier can still load a
+        key the ledger holds in the file at ``path``; a key it cannot (its section failed, its file vanished) leaves its
         file first (:meth:`drop_keys`) and is stored anew."""
         with self._locked():
             space = self._space(ns)
@@ -392,7 +392,8 @@ class RootLedger:
                 for keys in files:
                     for k in keys:
                         fid = space.disk.file_of.get(k)
-                        if fid is not None and space.disk.files[fid].ready and not servable(k):
+                        if (fid is not None and space.disk.files[fid].ready
+                                and not servable(k, space.path_of[fid])):
                             dead.setdefault(space.path_of[fid], []).append(k)
                 for path, keys in dead.items():
                     self._drop_keys_locked(path, keys)

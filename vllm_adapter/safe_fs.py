@@ -484,11 +484,13 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         (O(files)) at most every 10 s (:meth:`vllm_adapter.tier_metrics.TierStats.sample`)."""
         return self._stats.sample(self.counters, self.budget)
 
-    def _servable(self, key: bytes) -> bool:
-        """Whether a load could still read ``key`` (the ledger holds it): its section is
-        indexed, or its chunk file exists."""
+    def _servable(self, key: bytes, path: str) -> bool:
+        """Whether a load could still read ``key``, which the ledger holds in ``path``: its
+        section is indexed, or its chunk file exists.  A packed file this tier has not
+        indexed yet (another engine's, newer than this tier's last look at the ledger) is
+        taken as the ledger says: only a tier that read the file can judge its keys."""
         if self.layout == "packed":
-            return key in self.index
+            return key in self.index or not self.index.has_file(path)
         return os.path.exists(self.file_mapper.get_file_name(key))
 
     def _file_bytes(self, keys: Sequence[bytes]) -> int:
@@ -595,6 +597,7 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
             offset_of = dict(new)
             admitted = self._reserve([[k for k, _ in new]],
                                      lambda ks: P.packed_name(self.namespace_dir, ks), positions)
+            self._follow_ledger(force=True)  # the files this store evicted leave the index
             for path, new_keys in admitted:
                 try:
                     sections = store_packed_file(

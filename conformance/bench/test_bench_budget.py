@@ -202,7 +202,8 @@ class Root:
         t0 = time.perf_counter()
         admitted = self.tier.reserve([list(job.keys)],
                                      lambda ks: P.packed_name(self.namespace_dir, ks),
-                                     file_bytes, job.positions, self.index.__contains__)
+                                     file_bytes, job.positions,
+                                     lambda k, path: k in self.index or not self.index.has_file(path))
         if admitted is None:
             raise OSError(f"the budget refused a store ({self.tier.snapshot()})")
         t1 = time.perf_counter()

@@ -93,6 +93,8 @@ class BoundWatch:
     budget: int
     name: str = "tier"
     checks: int = 0
+    job_checks: int = 0
+    """Checks run because jobs finished (the others: :meth:`check` called by the lane)."""
     peak: int = 0
     excesses: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -103,6 +105,8 @@ class BoundWatch:
         def get_finished_jobs() -> list[Any]:
             results = list(real())
             if results:
+                with self._lock:
+                    self.job_checks += 1
                 self.check(f"{len(results)} job(s) of {self.name} finished "
                            f"({', '.join(str(r.job_id) for r in results)})")
             return results
@@ -235,8 +239,8 @@ def quiescent_problems(
                 problems.append(f"key {k.hex()[:16]} in two files: {owner[k]} and {path}")
             owner[k] = path
     if not any("two files" in p for p in problems):
-        for path, keys in judge.stranded(files).items():
+        for path, bad in judge.stranded(files).items():
             problems.append(
                 f"stranded by the reference: {path} keys "
-                f"{[(k.hex()[:16], split_key(k)[1]) for k in keys]} (their prefix is not on disk)")
+                f"{[(k.hex()[:16], split_key(k)[1]) for k in bad]} (their prefix is not on disk)")
     return problems
