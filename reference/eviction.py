@@ -47,7 +47,8 @@ The rule (:meth:`Disk.evictable`, :meth:`Disk.evict_for`)
     window chunks its removal strands go with it (its *unit*), under the same
     condition.  Among the evictable files the least recently used goes.  The rule
     also never admits a key that would be stranded on arrival (its parent is not on
-    disk, or it serves no whole boundary): it is dropped from the store plan.
+    disk, or it serves no boundary that is whole or one store from whole): it is dropped
+    from the store plan.
 
 Plain LRU (:attr:`EvictionRule.LRU`)
     Evicts the least recently used file, whatever depends on it, and admits every
@@ -505,7 +506,9 @@ class BudgetedIndex:
     def prepare_store(self, keys: Sequence[bytes]) -> StorePlan | None:
         """Room for the offered keys not on disk, evicting by the rule first; None (and
         nothing changed) when they do not fit.  Under the rule, keys that would be
-        stranded on arrival are left out of the plan."""
+        stranded on arrival are left out of the plan; a window key whose boundary is one
+        store away is admitted (:meth:`Disk.arrives_stranded` ``pending_windows``: the
+        Planner's chunked prefill stores a boundary's window chunks first)."""
         new = list(dict.fromkeys(k for k in keys if k not in self.disk.file_of))
         unknown = [k for k in new if self.structure.is_full(k) and k not in self.structure.parent]
         if unknown:
@@ -514,7 +517,7 @@ class BudgetedIndex:
                 "observe(block_hashes) with the request's block hashes first"
             )
         if self.rule is EvictionRule.REACHABLE and new:
-            bad = self.disk.arrives_stranded(new)
+            bad = self.disk.arrives_stranded(new, pending_windows=True)
             self.keys_dropped += len(bad)
             new = [k for k in new if k not in bad]
         if not new:

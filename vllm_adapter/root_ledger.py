@@ -111,6 +111,8 @@ class RootLedger:
         self._lock_path = os.path.join(root, LOCK_FILE)
         self._thread_lock = threading.RLock()
         self._chunkings: dict[str, Chunking] = {}
+        self._kept: dict[str, PrefixStructure] = {}
+        """Structures a replay of the files model reuses (:meth:`_replay_all`)."""
         self._owner = [socket.gethostname(), os.getpid()]
         self._unlink = unlink or _unlink_quietly
         self._reset()
@@ -136,7 +138,7 @@ class RootLedger:
 
     def _space(self, ns: str) -> _Namespace:
         if ns not in self._spaces:
-            structure = PrefixStructure(self._chunkings.get(ns))
+            structure = self._kept.pop(ns, None) or PrefixStructure(self._chunkings.get(ns))
             self._spaces[ns] = _Namespace(structure, Disk(structure))
         return self._spaces[ns]
 
@@ -476,10 +478,15 @@ class RootLedger:
         return victims
 
     def _replay_all(self) -> None:
-        """The model as the journal says, rebuilt (pending events kept)."""
+        """The files model as the journal says, rebuilt; the pending events and the
+        prefix structures are kept (a structure holds what this tier observed of requests
+        whose chunks are not stored, e.g. the parent of a refused store's keys)."""
         events = self._events
+        kept = {ns: space.structure for ns, space in self._spaces.items()}
         self._reset()
+        self._kept = kept
         self._sync()
+        self._kept = {}
         self._events = events
 
     def complete(self, results: Sequence[tuple[str, bool]]) -> list[str]:

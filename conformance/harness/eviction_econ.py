@@ -14,7 +14,13 @@ drives a secondary tier:
   (:meth:`BudgetedIndex.prepare_store`: keys already on disk left out, keys that would
   arrive stranded left out under the rule, one packed file, evicting by the rule
   first, refused when nothing evictable makes it fit), completed at once
-  (:meth:`BudgetedIndex.complete_store`).  Stores reserve in job order.
+  (:meth:`BudgetedIndex.complete_store`).  Stores reserve in job order, each one
+  written before the next reserves (a file being written cannot be evicted: stores
+  that overlap are not modelled).
+* **admission**: a key that would arrive stranded is left out under the rule, with
+  *pending windows* admitted (:class:`ChunkedPrefillDisk`): the Planner, in
+  ``budget``-token steps, stores a boundary's window chunks before its full-attention
+  chunk, as vLLM does.
 * **lookups**: a key the CPU tier holds is a hit there (the disk is not asked); any
   other key is looked up on the disk (:meth:`BudgetedIndex.lookup`: a hit refreshes
   its file's use time).
@@ -46,10 +52,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from reference.economics import Engine, Tally, hashed
-from reference.eviction import BudgetedIndex, EvictionRule, Layout
+from reference.eviction import BudgetedIndex, Disk, EvictionRule, Layout
 from reference.knobs import Chunking
 from reference.packed import packed_file_bytes
-from reference.plan import Planner, Policy
+from reference.plan import Policy
 from reference.store import LookupResult, StorePlan
 from reference.workload import GpuCache, WorkloadRequest
 
@@ -62,15 +68,29 @@ __all__ = [
 ]
 
 
+class ChunkedPrefillDisk(Disk):
+    """:class:`Disk` whose stores admit pending windows: ``arrives_stranded`` with
+    ``pending_windows=True`` (chunked prefill stores a boundary's window chunks in
+    steps before its full-attention chunk; see :meth:`Disk.arrives_stranded`)."""
+
+    def arrives_stranded(self, keys: Sequence[bytes], *, pending_windows: bool = True) -> set[bytes]:
+        return super().arrives_stranded(keys, pending_windows=pending_windows)
+
+
 class PackedBudgetedIndex(BudgetedIndex):
-    """:class:`BudgetedIndex` (packed layout) whose files are sized as packed files:
-    :func:`packed_file_bytes` of one ``row_bytes`` section per key (the index's own
-    ``_size`` sums a size per key, without the packed header)."""
+    """:class:`BudgetedIndex` (packed layout) whose files are sized as packed files
+    (:func:`packed_file_bytes` of one ``row_bytes`` section per key: the index's own
+    ``_size`` sums a size per key, without the packed header), over a
+    :class:`ChunkedPrefillDisk` (``pending_windows``: the Planner, in ``budget``-token
+    steps, stores a boundary's window chunks before its full-attention chunk, and
+    :meth:`BudgetedIndex.prepare_store` would leave them all out)."""
 
     def __init__(self, chunking: Chunking, row_bytes: int, budget_bytes: int,
-                 rule: EvictionRule, policy: Policy) -> None:
+                 rule: EvictionRule, policy: Policy, *, pending_windows: bool = True) -> None:
         super().__init__(chunking, row_bytes, budget_bytes, rule, Layout.PACKED, policy.window)
         self.row_bytes = row_bytes
+        if pending_windows:
+            self.disk = ChunkedPrefillDisk(self.structure)
 
     def _size(self, keys: Any) -> int:
         keys = list(keys)
@@ -139,6 +159,8 @@ class PassCounts:
     prompt_tokens: int
     recomputed_tokens: int
     """Prompt tokens neither the GPU prefix cache nor an offload hit served."""
+    cpu_keys: int
+    """Keys the CPU tier holds when the pass ended (stored and promoted in the pass)."""
 
 
 def predict(
@@ -151,10 +173,12 @@ def predict(
     budget_tokens: int,
     passes: int = 2,
     rule: EvictionRule = EvictionRule.REACHABLE,
+    pending_windows: bool = True,
 ) -> list[PassCounts]:
     """Serve ``reqs`` ``passes`` times (cold GPU: the GPU prefix cache empty before every
     request) over :class:`TieredIndex` with a disk of ``budget_bytes``; counts per pass."""
-    disk = PackedBudgetedIndex(chunking, row_bytes, budget_bytes, rule, policy)
+    disk = PackedBudgetedIndex(chunking, row_bytes, budget_bytes, rule, policy,
+                               pending_windows=pending_windows)
     tiered = TieredIndex(disk)
     engine = Engine(chunking, policy, budget_tokens, tiered)
     engine.gpu_cache = GpuCache.COLD
@@ -181,6 +205,7 @@ def predict(
             keys_not_admitted=disk.keys_dropped - before[4],
             prompt_tokens=t.prompt_tokens,
             recomputed_tokens=t.prompt_tokens - t.gpu_hit - t.offload_hit,
+            cpu_keys=len(tiered.cpu),
         ))
     return out
 

@@ -60,12 +60,16 @@ def kvchunk_tiering_spec(root_dir: Path, *, threads: int = 2, **tier: Any) -> di
     """:func:`conformance.harness.tiered.tiering_spec` with kvchunk's spec (``tier``: extra tier keys)."""
     spec = T.tiering_spec(root_dir, threads=threads)
     (fs,) = spec["secondary_tiers"]
-    tier = {"disk_bytes_to_use": DISK_BYTES, **tier}
+    tier = {"disk_bytes_to_use": disk_bytes(root_dir), **tier}
     return {**spec, **names.KVCHUNK_TIERING_SPEC, "secondary_tiers": [{**fs, **tier}]}
 
 
-DISK_BYTES = 1 << 30
-"""The lanes' disk budget where a case does not size one: far above what they write."""
+def disk_bytes(root_dir: Path) -> int:
+    """The lanes' disk budget where a case does not size one: the whole file system under
+    ``root_dir`` (the largest value the tier accepts), so nothing is evicted."""
+    os.makedirs(root_dir, exist_ok=True)
+    st = os.statvfs(root_dir)
+    return st.f_blocks * st.f_frsize
 
 
 def tier_of(session: Any) -> S.KvchunkFileTierManager:

@@ -124,7 +124,7 @@ def _open(root: Path, layout: str, budget: int, num_cpu_chunks: int = 8
 def _row_bytes() -> int:
     """The bytes one chunk of the fixture holds (a file's payload, a packed section)."""
     with tempfile.TemporaryDirectory(prefix="kvchunk-budget-probe-") as scratch:
-        session, _, tier = _open(Path(scratch), "per_chunk", SF.DISK_BYTES)
+        session, _, tier = _open(Path(scratch), "per_chunk", SF.disk_bytes(Path(scratch)))
         try:
             return int(tier.geometry["file_payload_bytes"])
         finally:
