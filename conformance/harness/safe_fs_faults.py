@@ -67,8 +67,10 @@ def kvchunk_tiering_spec(root_dir: Path, *, threads: int = 2, **tier: Any) -> di
 def disk_bytes(root_dir: Path) -> int:
     """The lanes' disk budget where a case does not size one: the whole file system under
     ``root_dir`` (the largest value the tier accepts), so nothing is evicted."""
-    os.makedirs(root_dir, exist_ok=True)
-    st = os.statvfs(root_dir)
+    probe = Path(root_dir)
+    while not probe.is_dir():  # the root may not exist yet (or be a bad path a case tests)
+        probe = probe.parent
+    st = os.statvfs(probe)
     return st.f_blocks * st.f_frsize
 
 

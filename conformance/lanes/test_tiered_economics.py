@@ -377,7 +377,12 @@ def test_predicted_packed_files_are_the_files_kvchunks_tier_writes(
     record_property("fixture", case.fixture)
     record_property("knob", f"block_size=512, {case.retention}, {case.shape}, packed tier")
     reqs = _prompts(case.workload)
-    driver = _with_retention(case, tmp_path, SF.kvchunk_tiering_spec(tmp_path, layout="packed"))
+    # Nothing is evicted here (the budget is the whole file system); "lru" admits every key,
+    # as vLLM's tier writes them.  The rule's admissions ("reachable", the default, leaves
+    # out a window chunk that serves no boundary: dense retention's tail) are checked
+    # against the reference in test_tiered_eviction_economics.py.
+    driver = _with_retention(case, tmp_path, SF.kvchunk_tiering_spec(
+        tmp_path, layout="packed", eviction="lru"))
     from vllm_adapter.connector import resolve_for_vllm
 
     chunking, _ = resolve_for_vllm(driver.vllm_config, driver.kv_cache_config)
