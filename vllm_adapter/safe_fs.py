@@ -654,7 +654,7 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
                 self._account_failed_load(files, getattr(exc, "failed_by_file", {}))
                 raise
             finally:
-                self.budget.touch(p for p in files if os.path.exists(p))
+                self.budget.touch(files)  # the ledger ignores paths it no longer holds
 
         # One task per job, as vLLM's tier.  One task per file of a job was tried: on the
         # 2-core bench VM it did not read faster (0.72-0.80x vLLM's per-chunk loads, one task
