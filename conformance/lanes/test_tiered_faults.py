@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import resource
 import signal
 import time
@@ -209,16 +210,23 @@ def test_damaged_file_is_recomputed_never_served(
     probe = _probe(tier).install(monkeypatch)
     seen: dict[str, Any] = {}
 
+    def damage() -> None:
+        SF.damage(T.block_files(tmp_path), how)
+        seen["damaged"] = {str(p): p.stat().st_ino for p in T.block_files(tmp_path)}
+
     def serve_again(session: Any) -> None:
         counters = SF.tier_of(session).counters
         seen["recompute"] = (len(probe.loaded), len(probe.load_failures), counters.bad_paths())
+        # a rewrite is a new file (written aside, renamed over): a new inode
+        seen["untouched"] = {p for p, ino in seen["damaged"].items()
+                             if os.path.exists(p) and os.stat(p).st_ino == ino}
         SF.serve_again(session, PROMPT_LEN)
         seen["counters"] = counters
 
     rt = _round_trip(
         tmp_path,
         probe,
-        lambda: SF.damage(T.block_files(tmp_path), how),
+        damage,
         tier=tier,
         after=serve_again if _kvchunk(tier) else None,
     )
@@ -233,8 +241,15 @@ def test_damaged_file_is_recomputed_never_served(
     read, failed, bad = seen["recompute"]
     _recomputed_then_served(probe, how, read, failed, bad, seen["counters"], summary,
                             record_property)
-    # Two prompts of one full-attention group: the damaged round read every file.
-    assert len(probe.load_failures) == failed, f"a file failed after the rewrite: {summary}"
+    # A damaged file fails at most once: the damaged round may not reach every file (when
+    # vLLM's CPU tier is full it refuses a recomputed request's stores, and loads only what
+    # fits), so the third request may meet one the damaged round did not read, never one
+    # it did (checked by _recomputed_then_served) nor the same file twice.
+    failed_paths = seen["counters"].bad_paths()
+    twice = sorted({p for p in failed_paths if failed_paths.count(p) > 1})
+    assert not twice, f"a file failed twice: {twice}; {summary}"
+    fresh = sorted(set(failed_paths[len(bad):]) - seen["untouched"])
+    assert not fresh, f"the third request failed on files written after the damage: {fresh}; {summary}"
 
 
 def _recomputed_then_served(
