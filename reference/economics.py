@@ -24,13 +24,10 @@ What it counts
   that forfeits the chunk it overlaps, windows not kept under sparse retention,
   output tokens not stored under prompt-only storing).
 
-* **the packed layout** (:class:`LayoutEconomics`): a tier that writes one file per
-  store job, each key of the job a section in job order (a job with no new key
-  writes nothing), counted from the Planner's own store and load jobs: files and
-  sections written; per load job, the files it opens (distinct files among its
-  keys), the sections it reads and its reads (maximal runs of adjacent sections
-  of one file).  The same counts for one file per *request* (all its stored keys)
-  are kept as the alternative unit.
+* **the packed layout** (:class:`~reference.layout_economics.LayoutEconomics`): files,
+  sections, opens and reads of one file per store job, and of one file per request
+  (the alternative unit), counted from the Planner's own store and load jobs
+  (:mod:`reference.layout_economics`).
 
 Counts are per million *prompt tokens served* (the sum of the requests' prompt
 lengths): the traffic an operator knows.  Bytes are files times the file size
@@ -54,15 +51,24 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 from reference.jobs import LoadJob, StoreJob
 from reference.keys import group_keys, prefix_block_hashes, split_key
 from reference.knobs import Chunking, GroupChunking
+from reference.layout_economics import (
+    PACKED,
+    PACKED_PER_REQUEST,
+    PER_CHUNK,
+    LayoutEconomics,
+    LayoutTally,
+    Sections,
+    _PackedFiles,
+    layout_economics,
+)
 from reference.mathutil import cdiv, round_down
-from reference.packed import header_bytes, packed_file_bytes, page_round, read_runs
 from reference.plan import BlockRef, Planner, Policy, ScheduledRequest
 from reference.plan_inputs import ChunkIndex
 from reference.rules import (
@@ -81,16 +87,10 @@ __all__ = [
     "Economics",
     "Engine",
     "GroupEconomics",
-    "LayoutEconomics",
-    "LayoutTally",
-    "PACKED",
-    "PACKED_PER_REQUEST",
-    "PER_CHUNK",
     "Tally",
     "UnboundedIndex",
     "economics",
     "hashed",
-    "layout_economics",
     "serve",
     "summarize",
 ]
@@ -229,161 +229,6 @@ class Economics:
     def per_million(self, count: int) -> float:
         """``count`` per million prompt tokens served."""
         return count * MILLION / self.prompt_tokens if self.prompt_tokens else 0.0
-
-
-Sections = tuple[tuple[int, int], ...]
-"""``(group index, key bytes)`` of each section of a file (or of one open's sections), sorted."""
-Open = tuple[Sections, Sections]
-"""One file open of a load job: the sections it reads, and all the file's sections (the
-header it reads first indexes them all)."""
-
-
-PER_CHUNK = "per_chunk"
-PACKED = "packed"
-PACKED_PER_REQUEST = "packed_per_request"
-
-
-@dataclass(frozen=True)
-class LayoutEconomics:
-    """One disk layout's files, sections, opens and reads for a pass (totals).
-
-    A *file* is what the tier creates (per chunk: one key; packed: one store job's
-    keys); an *open* is a file a load job reads from (per load job, the distinct
-    files among its keys); a *read* is one maximal run of adjacent sections of one
-    file that a load job asks for (:func:`reference.packed.read_runs`).  ``*_once``:
-    only keys not loaded before in the pass (a CPU tier that keeps what it
-    promoted); the others count every load.  Bytes need the section (CPU-tier row)
-    size per group: :meth:`written_sizes`, :meth:`opened_sizes`.
-    """
-
-    layout: str
-    """:data:`PER_CHUNK`, :data:`PACKED` (one file per store job) or
-    :data:`PACKED_PER_REQUEST` (one file per request)."""
-    files: tuple[tuple[Sections, int], ...]
-    """Each file's sections, and how many files have them."""
-    opened: tuple[tuple[Open, int], ...]
-    """What each open reads, and how many opens read it (every load)."""
-    opened_once: tuple[tuple[Open, int], ...]
-    reads: int
-    reads_once: int
-
-    @property
-    def files_written(self) -> int:
-        return sum(n for _, n in self.files)
-
-    @property
-    def sections_written(self) -> int:
-        return sum(len(s) * n for s, n in self.files)
-
-    @property
-    def file_opens(self) -> int:
-        return sum(n for _, n in self.opened)
-
-    @property
-    def file_opens_once(self) -> int:
-        return sum(n for _, n in self.opened_once)
-
-    @property
-    def sections_read(self) -> int:
-        return sum(len(s) * n for (s, _), n in self.opened)
-
-    @property
-    def sections_read_once(self) -> int:
-        return sum(len(s) * n for (s, _), n in self.opened_once)
-
-    def file_size(self, sections: Sections, section_bytes: Mapping[int, int]) -> int:
-        """A file's bytes: one CPU-tier row per chunk; packed: :func:`packed_file_bytes`."""
-        if self.layout == PER_CHUNK:
-            return sum(section_bytes[g] for g, _ in sections)
-        return packed_file_bytes([section_bytes[g] for g, _ in sections], [k for _, k in sections])
-
-    def read_size(self, opened: Open, section_bytes: Mapping[int, int]) -> int:
-        """Bytes one open reads: the whole file per chunk; packed: the file's header
-        (:func:`reference.packed.header_bytes`), then the page-rounded sections it wants."""
-        sections, in_file = opened
-        if self.layout == PER_CHUNK:
-            return sum(section_bytes[g] for g, _ in sections)
-        return header_bytes([k for _, k in in_file]) + sum(
-            page_round(section_bytes[g]) for g, _ in sections
-        )
-
-    def written_sizes(self, section_bytes: Mapping[int, int]) -> tuple[tuple[int, int], ...]:
-        """``(file bytes, files)``, each file with its own bytes."""
-        return _histogram((self.file_size(s, section_bytes), n) for s, n in self.files)
-
-    def opened_sizes(
-        self, section_bytes: Mapping[int, int], *, once: bool = False
-    ) -> tuple[tuple[int, int], ...]:
-        """``(bytes read, opens)``, each open with its own bytes (``once``: read-once)."""
-        opened = self.opened_once if once else self.opened
-        return _histogram((self.read_size(s, section_bytes), n) for s, n in opened)
-
-    def bytes_written(self, section_bytes: Mapping[int, int]) -> int:
-        return sum(size * n for size, n in self.written_sizes(section_bytes))
-
-    def bytes_read(self, section_bytes: Mapping[int, int], *, once: bool = False) -> int:
-        return sum(size * n for size, n in self.opened_sizes(section_bytes, once=once))
-
-
-def _histogram(pairs: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    out: Counter[int] = Counter()
-    for size, n in pairs:
-        out[size] += n
-    return tuple(sorted(out.items()))
-
-
-@dataclass
-class LayoutTally:
-    """One pass's counters for a packed layout (section groups per file and per open)."""
-
-    files: Counter[Sections] = field(default_factory=Counter)
-    opened: Counter[Open] = field(default_factory=Counter)
-    opened_once: Counter[Open] = field(default_factory=Counter)
-    reads: int = 0
-    reads_once: int = 0
-
-
-class _PackedFiles:
-    """Where each stored key lives in a packed layout: key -> (file, section position).
-
-    Kept across passes (the files stay on disk); the counts go to a :class:`LayoutTally`.
-    """
-
-    def __init__(self) -> None:
-        self.at: dict[bytes, tuple[int, int]] = {}
-        self.sections: list[Sections] = []
-        """Each file's sections (file id = its place here)."""
-
-    def write(self, keys: Iterable[bytes], tally: LayoutTally) -> None:
-        """One file whose sections are ``keys`` not already on disk, in order (none: no file)."""
-        new = [k for k in dict.fromkeys(keys) if k not in self.at]
-        if not new:
-            return
-        for position, key in enumerate(new):
-            self.at[key] = (len(self.sections), position)
-        self.sections.append(_sections(new))
-        tally.files[self.sections[-1]] += 1
-
-    def read(self, keys: Sequence[bytes], tally: LayoutTally, once: Iterable[bytes]) -> None:
-        """One load job of ``keys``; ``once``: those not loaded before in the pass."""
-        tally.reads += self._opens(keys, tally.opened)
-        tally.reads_once += self._opens(list(once), tally.opened_once)
-
-    def _opens(self, keys: Sequence[bytes], opened: Counter[Open]) -> int:
-        """Count one open per file among ``keys``; return the reads (runs of adjacent sections)."""
-        by_file: dict[int, list[tuple[int, bytes]]] = {}
-        for key in keys:
-            if key not in self.at:
-                raise ValueError(f"load of a key no packed file holds: {key.hex()}")
-            file_id, position = self.at[key]
-            by_file.setdefault(file_id, []).append((position, key))
-        for file_id, sections in by_file.items():
-            opened[(_sections(k for _, k in sections), self.sections[file_id])] += 1
-        return sum(read_runs(p for p, _ in sections) for sections in by_file.values())
-
-
-def _sections(keys: Iterable[bytes]) -> Sections:
-    return tuple(sorted((split_key(k)[1], len(k)) for k in keys))
 
 
 @dataclass
@@ -647,7 +492,7 @@ class Engine:
 
 
 _Engine = Engine
-"""The name :mod:`reference.eviction` builds the engine by."""
+"""The name :mod:`reference.disk_economics` builds the engine by."""
 
 
 def hashed(
@@ -742,14 +587,6 @@ def summarize(
         load_jobs=tally.load_jobs,
         packed=layout_economics(PACKED, tally.packed),
         packed_per_request=layout_economics(PACKED_PER_REQUEST, tally.packed_per_request),
-    )
-
-
-def layout_economics(layout: str, tally: LayoutTally) -> LayoutEconomics:
-    """A packed layout's :class:`LayoutEconomics` from one pass's :class:`LayoutTally`."""
-    return LayoutEconomics(
-        layout, tuple(sorted(tally.files.items())), tuple(sorted(tally.opened.items())),
-        tuple(sorted(tally.opened_once.items())), tally.reads, tally.reads_once,
     )
 
 

@@ -16,9 +16,10 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reference import eviction, rules
+from reference import disk_economics, eviction, rules
+from reference.disk_economics import BudgetedIndex
 from reference.economics import _Engine, hashed
-from reference.eviction import BudgetedIndex, EvictionRule, Layout
+from reference.eviction import EvictionRule, Layout
 from reference.geometry import Geometry, GroupKind, KVGroup
 from reference.keys import group_keys, prefix_block_hashes
 from reference.knobs import BlocksPerChunk, Chunking, resolve
@@ -230,8 +231,8 @@ def test_a_curve_counts_evictions_and_recomputation_for_space() -> None:
 
     w = Workload(name="t", description="", source="", sessions=3, turns=2, system_tokens=0,
                  turn_tokens=Span(96, 96), output_tokens=Span(1, 1))
-    big, small = eviction.miss_ratio_curve(chunking, w, (18 * KEY_BYTES, 3 * KEY_BYTES),
-                                           EvictionRule.REACHABLE, KEY_BYTES)
+    big, small = disk_economics.miss_ratio_curve(chunking, w, (18 * KEY_BYTES, 3 * KEY_BYTES),
+                                                 EvictionRule.REACHABLE, KEY_BYTES)
     assert big.files_evicted == 0 and big.recomputed_for_space_tokens == 0
     assert small.files_evicted > 0 and small.recomputed_for_space_tokens > 0
     assert small.bytes_on_disk <= 3 * KEY_BYTES and small.stranded_bytes == 0
@@ -270,11 +271,11 @@ def test_a_curve_equals_each_size_served_from_scratch() -> None:
     w = Workload(name="t", description="", source="", sessions=20, turns=4, system_tokens=64,
                  turn_tokens=Span(40, 120), output_tokens=Span(1, 20))
     reqs = hashed(list(requests(w)), chunking.tokens_per_hash)
-    assert len(reqs) > 2 * eviction.SNAPSHOTS  # states are taken, and used
+    assert len(reqs) > 2 * disk_economics.SNAPSHOTS  # states are taken, and used
     for rule in EvictionRule:
-        (unbounded,) = eviction.miss_ratio_curve(chunking, w, (2**40,), rule, KEY_BYTES)
+        (unbounded,) = disk_economics.miss_ratio_curve(chunking, w, (2**40,), rule, KEY_BYTES)
         sizes = [unbounded.bytes_on_disk * k // 5 for k in range(1, 6)]
-        curve = eviction.miss_ratio_curve(chunking, w, sizes, rule, KEY_BYTES)
+        curve = disk_economics.miss_ratio_curve(chunking, w, sizes, rule, KEY_BYTES)
         for size, point in zip(sizes, curve, strict=True):
             index = BudgetedIndex(chunking, KEY_BYTES, size, rule, Layout.PACKED)
             engine = _Engine(chunking, Policy(), w.max_num_batched_tokens)

@@ -1,10 +1,10 @@
 """Disk-curve speed: one miss-ratio curve of 8 disk sizes in <= 10 s per model.
 
-Times :func:`reference.eviction.miss_ratio_curve` -- what ``python -m vllm_adapter
+Times :func:`reference.disk_economics.miss_ratio_curve` -- what ``python -m vllm_adapter
 config --sweep-disk`` computes per eviction rule after vLLM's planning -- on the
 ``block_size`` 512 chunking of the gemma-4-31B-it TP2 and DeepSeek-V4-Flash TP4
 fixtures (:func:`vllm_adapter.planning.fixture_knob`), over the ``chat`` and
-``agentic`` presets scaled to ~1M prompt tokens (:func:`reference.eviction.scaled`),
+``agentic`` presets scaled to ~1M prompt tokens (:func:`reference.disk_economics.scaled`),
 8 sizes (``peak * k / 8``, the unbounded run's peak last), the reference's rule.
 Each round is a fresh call (the hashed workload, the unbounded run and its states are
 not kept between calls).
@@ -29,7 +29,8 @@ from conformance.testing.requires import require_vllm
 
 require_vllm()
 
-from reference.eviction import EvictionRule, miss_ratio_curve, scaled  # noqa: E402
+from reference.disk_economics import miss_ratio_curve, scaled  # noqa: E402
+from reference.eviction import EvictionRule  # noqa: E402
 from reference.workload import preset  # noqa: E402
 from vllm_adapter.planning import fixture_knob  # noqa: E402
 

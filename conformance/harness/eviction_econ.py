@@ -5,7 +5,7 @@ built from the reference's own pieces only: :class:`reference.economics.Engine` 
 one engine loop: lookup, allocate, chunked prefill in ``budget`` steps, decode,
 finish) over a :class:`reference.plan.Planner`, whose chunk index is
 :class:`TieredIndex`: an unbounded CPU tier (a set of keys) in front of a
-:class:`reference.eviction.BudgetedIndex` (the disk: its files, its byte budget, its
+:class:`reference.disk_economics.BudgetedIndex` (the disk: its files, its byte budget, its
 eviction rule, its prefix structure), in the order vLLM's ``TieringOffloadingManager``
 drives a secondary tier:
 
@@ -51,8 +51,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from reference.disk_economics import BudgetedIndex
 from reference.economics import Engine, Tally, hashed
-from reference.eviction import BudgetedIndex, Disk, EvictionRule, Layout
+from reference.eviction import Disk, EvictionRule, Layout
 from reference.knobs import Chunking
 from reference.packed import packed_file_bytes
 from reference.plan import Policy

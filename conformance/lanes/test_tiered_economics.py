@@ -61,7 +61,8 @@ from conformance.harness.cases import DSV4, GEMMA  # noqa: E402
 from conformance.harness.fixture_runs import FixtureCase  # noqa: E402
 from conformance.protocol import deviations  # noqa: E402
 from conformance.protocol.versions import RELEASES, rules_for  # noqa: E402
-from reference.economics import PACKED, layout_economics, serve  # noqa: E402
+from reference.economics import serve  # noqa: E402
+from reference.layout_economics import PACKED, layout_economics  # noqa: E402
 from reference.workload import GpuCache, Span, Workload, WorkloadRequest, requests  # noqa: E402
 
 pytestmark = pytest.mark.data

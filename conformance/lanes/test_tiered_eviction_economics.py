@@ -36,7 +36,7 @@ order of events the prediction models.
 What the prediction models (the module docstring of :mod:`conformance.harness.eviction_econ`
 states it in full): the reference's :class:`~reference.economics.Engine` and
 :class:`~reference.plan.Planner`, over an unbounded CPU tier in front of a
-:class:`~reference.eviction.BudgetedIndex` (packed layout, the rule "reachable"), in
+:class:`~reference.disk_economics.BudgetedIndex` (packed layout, the rule "reachable"), in
 vLLM's tiering order: a store job's keys new to the CPU tier are cascaded to the disk
 when the job completes, in job order, one packed file each; in pass 1 the CPU tier
 serves every reuse, so the disk takes stores (and evicts for them) and is never hit

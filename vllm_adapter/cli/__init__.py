@@ -89,7 +89,7 @@ Argument checks that need no model run before vLLM is imported.
 Modules: :mod:`.args` (parser, :func:`validate`), :mod:`.derivation` (vLLM's planning),
 :mod:`.knob` (the knob), :mod:`.cpu_tier` (the CPU tier), :mod:`.sweeps` (``--sweep``),
 :mod:`.disk` (``--disk-bytes`` / ``--sweep-disk``: hit rate per disk size,
-:mod:`reference.eviction`), :mod:`.sizing` (:func:`plan`: orchestration; the computations
+:mod:`reference.disk_economics`), :mod:`.sizing` (:func:`plan`: orchestration; the computations
 on a planned engine, shared with the bench, are :mod:`vllm_adapter.planning`), :mod:`.result`
 (:class:`Sizing`, the typed result), :mod:`.render` (table / markdown / json).
 """

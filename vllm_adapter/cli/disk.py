@@ -1,9 +1,9 @@
 """``--disk-bytes`` and ``--sweep-disk``: what hit rate a disk of a given size gives.
 
 The workload is scaled to about a million prompt tokens of sessions over time
-(:func:`reference.eviction.scaled`: sessions turn by turn round-robin, GPU cache cold,
+(:func:`reference.disk_economics.scaled`: sessions turn by turn round-robin, GPU cache cold,
 so every reused token must come from the disk), then served through the reference
-Planner over a disk tier of a byte budget (:func:`reference.eviction.miss_ratio_curve`),
+Planner over a disk tier of a byte budget (:func:`reference.disk_economics.miss_ratio_curve`),
 packed layout (one file per store job), each key one CPU-tier row of the chosen knob.
 Both eviction rules run: the reference's rule (leaves of the prefix structure first,
 least recently used among them; strands nothing) and plain per-file LRU (the
@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from reference.eviction import DiskEconomics, EvictionRule, Layout, miss_ratio_curve, scaled
+from reference.disk_economics import DiskEconomics, miss_ratio_curve, scaled
+from reference.eviction import EvictionRule, Layout
 from reference.knobs import Chunking
 from reference.plan import Policy
 from reference.workload import Workload, requests

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reference.economics import Economics, LayoutEconomics, economics
+from reference.economics import Economics, economics
 from reference.knobs import Chunking, PerGroupBlocksPerChunk, resolve
+from reference.layout_economics import LayoutEconomics
 from reference.plan import Policy
 from reference.workload import Workload
 from vllm_adapter.cli.args import CliError

@@ -225,7 +225,7 @@ class DiskTimeRow:
 @dataclass(frozen=True)
 class LayoutTraffic:
     """One disk layout's files, opens and bytes per million prompt tokens
-    (:class:`reference.economics.LayoutEconomics`).
+    (:class:`reference.layout_economics.LayoutEconomics`).
 
     ``*_read_once``: each loaded key read from disk once per pass (a CPU tier that
     keeps what it promoted; what the tiered economics check verifies); the others:
@@ -345,7 +345,7 @@ class Sweep:
 @dataclass(frozen=True)
 class DiskRun:
     """The workload served over a disk of ``budget_bytes`` under one eviction rule
-    (:func:`reference.eviction.disk_economics`); per million prompt tokens."""
+    (:func:`reference.disk_economics.disk_economics`); per million prompt tokens."""
 
     rule: str
     """``reachable`` (the reference's rule: leaves first, strands nothing) or ``lru``."""

@@ -1,0 +1,357 @@
+"""A disk tier within a byte budget, and the hit rate a disk of a given size gives.
+
+The index (:class:`BudgetedIndex`)
+    The disk tier's index the :class:`~reference.plan.Planner` talks to
+    (``reference.plan.ChunkIndex``): files of a :class:`~reference.eviction.Layout` on a
+    :class:`~reference.eviction.Disk`, within a byte budget, evicted by an
+    :class:`~reference.eviction.EvictionRule` (the rule of :mod:`reference.eviction`, or
+    plain per-file LRU) when a store would not fit.
+
+The hit rate (:func:`miss_ratio_curve`, :func:`disk_economics`)
+    A workload (:func:`scaled`: sessions over time, GPU cache cold) served through the
+    reference's :class:`~reference.economics.Engine` over such an index: tokens served
+    from the disk, files read, written and evicted, tokens recomputed for lack of space,
+    stranded bytes at the end (:class:`DiskEconomics`), at one disk size or a curve of
+    them.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from reference.economics import MILLION, _Engine, hashed
+from reference.eviction import Disk, EvictionRule, Layout
+from reference.keys import split_key
+from reference.knobs import Chunking
+from reference.plan import Planner, Policy
+from reference.prefix_structure import PrefixStructure
+from reference.rules import WindowRule
+from reference.store import LookupResult, StorePlan
+from reference.workload import GpuCache, Workload, WorkloadRequest, requests
+
+__all__ = [
+    "SNAPSHOTS",
+    "BudgetedIndex",
+    "DiskEconomics",
+    "disk_economics",
+    "miss_ratio_curve",
+    "scaled",
+]
+
+
+# ---------------------------------------------------------------------------
+# The index the Planner talks to
+# ---------------------------------------------------------------------------
+
+
+class BudgetedIndex:
+    """A disk tier's index within ``budget_bytes`` (``reference.plan.ChunkIndex``).
+
+    ``key_bytes``: bytes per key, per group index (or one size).  A file's size is the
+    sum of its keys'.  A store reserves its bytes when prepared (pending files count and
+    are never evicted), evicting by ``rule`` first; when it still does not fit it is
+    refused (None: the Planner retries next step), changing nothing.  A lookup hit and
+    a load refresh their files' use time; files being loaded are not evicted.
+    Call :meth:`observe` with each request's block hashes before its lookup.
+    """
+
+    def __init__(
+        self,
+        chunking: Chunking,
+        key_bytes: Mapping[int, int] | int,
+        budget_bytes: int,
+        rule: EvictionRule = EvictionRule.REACHABLE,
+        layout: Layout = Layout.PACKED,
+        window_rule: WindowRule = WindowRule.TOKENS_BEFORE_END,
+    ) -> None:
+        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be an int >= 0, got {budget_bytes!r}")
+        self.key_bytes = (
+            {gc.group.index: key_bytes for gc in chunking.groups}
+            if isinstance(key_bytes, int) else dict(key_bytes)
+        )
+        missing = [gc.group.index for gc in chunking.groups if gc.group.index not in self.key_bytes]
+        if missing:
+            raise ValueError(f"key_bytes has no size for group(s) {missing}; give one per group index")
+        self.budget = budget_bytes
+        self.rule = rule
+        self.layout = layout
+        self.structure = PrefixStructure(chunking, window_rule)
+        self.disk = Disk(self.structure)
+        self.files_written = 0
+        self.files_evicted = 0
+        self.files_read = 0
+        self.stores_refused = 0
+        self.keys_dropped = 0
+        """Keys left out of a store because they would arrive stranded (the rule only)."""
+
+    def observe(self, block_hashes: Sequence[bytes]) -> None:
+        self.structure.observe(block_hashes)
+
+    def _size(self, keys: Iterable[bytes]) -> int:
+        return sum(self.key_bytes[split_key(k)[1]] for k in keys)
+
+    # -- ChunkIndex -----------------------------------------------------------
+
+    def lookup(self, key: bytes) -> LookupResult:
+        fid = self.disk.file_of.get(key)
+        if fid is None:
+            return LookupResult.MISS
+        f = self.disk.files[fid]
+        if not f.ready:
+            return LookupResult.HIT_PENDING
+        self.disk.touch(fid)
+        return LookupResult.HIT
+
+    def prepare_store(self, keys: Sequence[bytes]) -> StorePlan | None:
+        """Room for the offered keys not on disk, evicting by the rule first; None (and
+        nothing changed) when they do not fit.  Under the rule, keys that would be
+        stranded on arrival are left out of the plan; a window key whose boundary is one
+        store away is admitted (:meth:`Disk.arrives_stranded` ``pending_windows``: the
+        Planner's chunked prefill stores a boundary's window chunks first)."""
+        new = list(dict.fromkeys(k for k in keys if k not in self.disk.file_of))
+        unknown = [k for k in new if self.structure.is_full(k) and k not in self.structure.parent]
+        if unknown:
+            raise ValueError(
+                f"prepare_store: key {unknown[0].hex()} has no recorded prefix; call "
+                "observe(block_hashes) with the request's block hashes first"
+            )
+        if self.rule is EvictionRule.REACHABLE and new:
+            bad = self.disk.arrives_stranded(new, pending_windows=True)
+            self.keys_dropped += len(bad)
+            new = [k for k in new if k not in bad]
+        if not new:
+            return StorePlan((), (), ())
+        files = [new] if self.layout is Layout.PACKED else [[k] for k in new]
+        added = [self.disk.add(f, self._size(f)) for f in files]  # pending: protected
+        evicted = self.disk.evict_for(0, self.budget, self.rule)
+        if evicted is None:
+            for fid in added:
+                self.disk.remove(fid)
+            self.stores_refused += 1
+            return None
+        self.files_evicted += len(evicted)
+        victims = tuple(k for _, ks in evicted for k in ks)
+        return StorePlan(tuple(new), tuple(range(len(new))), victims)
+
+    def complete_store(self, keys: Sequence[bytes], success: bool = True) -> None:
+        fids = dict.fromkeys(self.disk.file_of[k] for k in keys if k in self.disk.file_of)
+        for fid in fids:
+            f = self.disk.files[fid]
+            if f.ready:
+                continue
+            if success:
+                f.ready = True
+                self.files_written += 1
+                self.disk.touch(fid)
+            else:
+                self.disk.remove(fid)
+        if not success and self.rule is EvictionRule.REACHABLE:
+            self._drop_stranded()
+
+    def _drop_stranded(self) -> None:
+        """After a failed store, the files it strands go too (a failed store leaves no
+        trace; files being read stay until their load completes)."""
+        while True:
+            stranded = self.disk.stranded()
+            fids = {self.disk.file_of[k] for k in stranded}
+            fids = {fid for fid in fids if not self.disk.files[fid].pins}
+            if not fids:
+                return
+            for fid in fids:
+                self.disk.remove(fid)
+                self.files_evicted += 1
+
+    def prepare_load(self, keys: Sequence[bytes]) -> object:
+        fids = dict.fromkeys(self.disk.file_of[k] for k in keys)
+        for fid in fids:
+            f = self.disk.files[fid]
+            if not f.ready:
+                raise ValueError(f"prepare_load: a key of file {fid} is still being stored")
+            f.pins += 1
+            self.disk.touch(fid)
+        self.files_read += len(fids)
+        return None
+
+    def complete_load(self, keys: Sequence[bytes]) -> None:
+        for fid in dict.fromkeys(self.disk.file_of[k] for k in keys):
+            self.disk.files[fid].pins -= 1
+
+    def reset(self) -> None:
+        self.disk = Disk(self.structure)
+
+    # -- what an operator reads ---------------------------------------------------
+
+    def stranded_bytes(self) -> int:
+        return self.disk.stranded_bytes(self.key_bytes)
+
+
+# ---------------------------------------------------------------------------
+# What hit rate from a disk of this size
+# ---------------------------------------------------------------------------
+
+
+def scaled(workload: Workload, prompt_tokens: int = MILLION) -> Workload:
+    """``workload`` with a cold GPU cache and as many sessions as give about
+    ``prompt_tokens`` prompt tokens: sessions over time, turn by turn round-robin, so a
+    session's next turn comes back after every other session's (its reuse distance
+    grows with the sessions), and every reused token must come from the disk."""
+    per_session = sum(len(r.prompt) for r in requests(workload)) / workload.sessions
+    sessions = max(1, round(prompt_tokens / per_session))
+    return replace(
+        workload, name=f"{workload.name} ({sessions} sessions, cold GPU)", sessions=sessions,
+        gpu_cache=GpuCache.COLD,
+    )
+
+
+@dataclass(frozen=True)
+class DiskEconomics:
+    """One workload served over a disk of ``budget_bytes`` (totals; per million prompt
+    tokens with :meth:`per_million`)."""
+
+    workload: str
+    rule: EvictionRule
+    layout: Layout
+    budget_bytes: int | None
+    """None: unbounded (the chunk-granularity baseline)."""
+    prompt_tokens: int
+    offload_hit_tokens: int
+    """Tokens served from the disk."""
+    files_read: int
+    files_written: int
+    files_evicted: int
+    recomputed_for_space_tokens: int
+    """Tokens the unbounded disk served that this one did not (chunk granularity, what
+    the unbounded disk also recomputes, is not counted)."""
+    stranded_bytes: int
+    """Bytes on disk at the end that no lookup can load."""
+    bytes_on_disk: int
+
+    def per_million(self, count: int) -> float:
+        return count * MILLION / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens served from the disk, as a fraction of all prompt tokens."""
+        return self.offload_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def _start(
+    chunking: Chunking, policy: Policy, max_num_batched_tokens: int, index: BudgetedIndex,
+) -> _Engine:
+    """An engine over ``index`` with a cold GPU cache (see :func:`scaled`)."""
+    engine = _Engine(chunking, policy, max_num_batched_tokens)
+    engine.index = index
+    engine.planner = Planner(chunking, index, policy)
+    engine.gpu_cache = GpuCache.COLD
+    return engine
+
+
+def _serve_from(
+    engine: _Engine, index: BudgetedIndex,
+    reqs: Sequence[tuple[WorkloadRequest, Sequence[bytes]]],
+) -> None:
+    for req, all_hashes in reqs:
+        index.observe(all_hashes)
+        engine.serve(req, all_hashes)
+
+
+SNAPSHOTS = 32
+"""States of the unbounded run a curve keeps (evenly spaced in requests): a bounded run
+starts from the latest one it shares (see :func:`miss_ratio_curve`)."""
+
+
+def miss_ratio_curve(
+    chunking: Chunking,
+    workload: Workload,
+    sizes: Sequence[int] | int,
+    rule: EvictionRule = EvictionRule.REACHABLE,
+    key_bytes: Mapping[int, int] | int = 1,
+    layout: Layout = Layout.PACKED,
+    policy: Policy = Policy(),  # noqa: B008  (a frozen dataclass)
+) -> tuple[DiskEconomics, ...]:
+    """:func:`disk_economics` at each of ``sizes`` (bytes; an int ``n``: ``n`` sizes evenly
+    spaced up to the unbounded run's peak bytes, ``peak * k // n`` for ``k`` = 1..n, the
+    last one the unbounded run itself).  The workload is hashed once
+    and served once over an unbounded disk (the baseline for tokens recomputed for lack
+    of space).  A disk of ``size`` bytes behaves exactly as the unbounded one until a
+    store would take it past ``size`` (nothing is evicted nor refused before), so:
+
+    * a size at least that run's peak bytes is that run;
+    * a smaller size continues from the latest state of the unbounded run, taken before a
+      request, whose peak bytes are at most ``size`` (:data:`SNAPSHOTS` states are kept,
+      evenly spaced in requests; a pickled copy: the run's objects are plain data).
+
+    The GPU cache is cold (see :func:`scaled`)."""
+    reqs = hashed(list(requests(workload)), chunking.tokens_per_hash)
+    budget_of_run = workload.max_num_batched_tokens
+
+    def new_index(size: int) -> BudgetedIndex:
+        return BudgetedIndex(chunking, key_bytes, size, rule, layout, policy.window)
+
+    def result(engine: _Engine, index: BudgetedIndex, size: int | None,
+               baseline_served: int) -> DiskEconomics:
+        t = engine.tally
+        return DiskEconomics(
+            workload=workload.name, rule=rule, layout=layout, budget_bytes=size,
+            prompt_tokens=t.prompt_tokens, offload_hit_tokens=t.offload_hit,
+            files_read=index.files_read, files_written=index.files_written,
+            files_evicted=index.files_evicted,
+            recomputed_for_space_tokens=baseline_served - (t.gpu_hit + t.offload_hit),
+            stranded_bytes=index.stranded_bytes(), bytes_on_disk=index.disk.bytes,
+        )
+
+    # The unbounded run, keeping (peak bytes so far, requests served, state) snapshots.
+    index = new_index(2**62)
+    engine = _start(chunking, policy, budget_of_run, index)
+    stride = max(1, -(-len(reqs) // SNAPSHOTS))
+    snapshots: list[tuple[int, int, bytes]] = []
+    for i, (req, all_hashes) in enumerate(reqs):
+        if i and i % stride == 0:
+            snapshots.append((index.disk.peak_bytes, i,
+                              pickle.dumps((engine, index), pickle.HIGHEST_PROTOCOL)))
+        index.observe(all_hashes)
+        engine.serve(req, all_hashes)
+    peak = index.disk.peak_bytes
+    served = engine.tally.gpu_hit + engine.tally.offload_hit
+    unbounded = result(engine, index, None, served)
+    if isinstance(sizes, int):
+        if sizes < 1:
+            raise ValueError(f"miss_ratio_curve: sizes must be >= 1 points, got {sizes}")
+        sizes = [max(1, peak * k // sizes) for k in range(1, sizes + 1)]
+
+    out = []
+    for size in sizes:
+        if size >= peak:
+            out.append(replace(unbounded, budget_bytes=size))
+            continue
+        start = next((s for s in reversed(snapshots) if s[0] <= size), None)
+        if start is None:
+            index = new_index(size)
+            engine = _start(chunking, policy, budget_of_run, index)
+            first = 0
+        else:
+            engine, index = pickle.loads(start[2])
+            index.budget = size
+            first = start[1]
+        _serve_from(engine, index, reqs[first:])
+        out.append(result(engine, index, size, served))
+    return tuple(out)
+
+
+def disk_economics(
+    chunking: Chunking,
+    workload: Workload,
+    budget_bytes: int,
+    rule: EvictionRule = EvictionRule.REACHABLE,
+    key_bytes: Mapping[int, int] | int = 1,
+    layout: Layout = Layout.PACKED,
+    policy: Policy = Policy(),  # noqa: B008  (a frozen dataclass)
+) -> DiskEconomics:
+    """Serve ``workload`` (GPU cache cold) over a disk of ``budget_bytes`` evicting by
+    ``rule``: hits, files read, written and evicted, tokens recomputed for lack of space,
+    stranded bytes at the end."""
+    (one,) = miss_ratio_curve(chunking, workload, (budget_bytes,), rule, key_bytes, layout, policy)
+    return one
