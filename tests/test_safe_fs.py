@@ -23,6 +23,7 @@ from conformance.harness import vllm_harness_api as V  # noqa: E402
 from vllm_adapter import chunk_file as C  # noqa: E402
 from vllm_adapter import names  # noqa: E402
 from vllm_adapter import safe_fs as S  # noqa: E402
+from vllm_adapter import tier_options as TO  # noqa: E402
 
 NS = bytes(range(16))
 KEY = S.key_digest(b"\x01" * 36)
@@ -161,7 +162,7 @@ def test_concurrent_writers_never_publish_a_torn_file(tmp_path: Path) -> None:
 )
 def test_bad_tier_config_is_a_value_error_naming_the_key(tier: Any, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        S.kvchunk_tier_configs([tier])
+        TO.kvchunk_tier_configs([tier])
 
 
 @pytest.mark.parametrize(
@@ -179,13 +180,13 @@ def test_a_bad_disk_budget_is_a_value_error_naming_the_key(
     extra: dict[str, Any], match: str, tmp_path: Path
 ) -> None:
     with pytest.raises(ValueError, match=match):
-        S.kvchunk_tier_configs([{"type": "fs", "root_dir": str(tmp_path), **extra}])
+        TO.kvchunk_tier_configs([{"type": "fs", "root_dir": str(tmp_path), **extra}])
 
 
 def test_fs_tiers_become_kvchunks_others_stay(tmp_path: Path) -> None:
     root = str(tmp_path / "kv")
-    out = S.kvchunk_tier_configs([{"type": "fs", "root_dir": root, "disk_bytes_to_use": "4096"},
-                                  {"type": "example"}])
+    out = TO.kvchunk_tier_configs([{"type": "fs", "root_dir": root, "disk_bytes_to_use": "4096"},
+                                   {"type": "example"}])
     assert out == [{"type": names.KVCHUNK_FS_TIER, "root_dir": root, "disk_bytes_to_use": 4096},
                    {"type": "example"}]
     tier_cls = V.SecondaryTierFactory.get_tier_class({"type": names.KVCHUNK_FS_TIER})
@@ -260,11 +261,11 @@ def test_namespace_changes_with_every_geometry_field() -> None:
                     obj = getattr(obj, h)
                 setattr(obj, last, value)
         payload = options.pop("payload_bytes")
-        return S.namespace_digest(S.geometry(spec, payload, **options))
+        return TO.namespace_digest(TO.geometry(spec, payload, **options))
 
     from types import SimpleNamespace as NS2
 
-    probe = S.geometry(
+    probe = TO.geometry(
         NS2(config=NS2(model=NS2(name="m", dtype="d"), kv_cache_layout=None, canonical_layout=False,
                        cache=NS2(tokens_per_hash=1, blocks_per_chunk=1), worker_kv_bytes_per_block=1,
                        groups=(NS2(group_id=0, tokens_per_block=1, layer_names=(),
@@ -301,7 +302,7 @@ def test_a_replicated_layout_shares_the_namespace_across_parallel_configurations
                      replicated_layout=replicated)
         spec = NS_(config=config, replicated_layout=replicated, kv_bytes_per_chunk=8192,
                    cpu_page_size_per_worker=8192)
-        return S.namespace_digest(S.geometry(spec, 8192))
+        return TO.namespace_digest(TO.geometry(spec, 8192))
 
     tp2 = {"tp_size": 2, "world_size": 2, "rank": 1}
     assert digest_of(True) == digest_of(True, **tp2), "replicated: TP4 and TP2 must share"

@@ -68,6 +68,8 @@ from typing import Any
 import blake3
 import xxhash
 
+from vllm_adapter.counters import Counters
+
 __all__ = [
     "BAD_FILE_POLICIES",
     "CHECKSUM",
@@ -184,7 +186,7 @@ class ChunkFileError(OSError):
 
 
 @dataclass
-class TierCounters:
+class TierCounters(Counters):
     """What a :class:`KvchunkFileTierManager` did (thread-safe; for metrics and the lanes)."""
 
     files_stored: int = 0
@@ -214,12 +216,6 @@ class TierCounters:
     """Temporary files of dead writers removed when the tier started."""
     recent_bad: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=256))
     """The last 256 bad files seen: ``(path, why)``."""
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, **counts: int) -> None:
-        with self._lock:
-            for name, n in counts.items():
-                setattr(self, name, getattr(self, name) + n)
 
     def per_group(self, name: str, groups: Sequence[int]) -> None:
         """Count ``groups`` (one per section) in the per-group counter ``name``."""

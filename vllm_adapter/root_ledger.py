@@ -22,7 +22,9 @@ from typing import Any
 
 from reference.eviction import Disk, EvictionRule, _File
 from reference.knobs import Chunking
-from reference.prefix_structure import Fragment, PrefixStructure
+from reference.prefix_structure import PrefixStructure
+from vllm_adapter.counters import Counters
+from vllm_adapter.ledger_journal import _alive, _fragment_json, _fragment_of, _hex
 
 __all__ = ["COMPACT_MIN_BYTES", "LEDGER_FILE", "LOCK_FILE", "BudgetCounters", "RootLedger"]
 
@@ -33,7 +35,7 @@ COMPACT_MIN_BYTES = 4 << 20
 
 
 @dataclass
-class BudgetCounters:
+class BudgetCounters(Counters):
     """What the root's budget did, as seen by one tier (thread-safe snapshot via :meth:`as_dict`)."""
 
     files_evicted: int = 0
@@ -44,33 +46,10 @@ class BudgetCounters:
     orphans_removed: int = 0
     reservations_reclaimed: int = 0
     """Reservations of dead writers failed by this tier."""
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, **counts: int) -> None:
-        with self._lock:
-            for name, n in counts.items():
-                setattr(self, name, getattr(self, name) + n)
 
     def as_dict(self) -> dict[str, int]:
         with self._lock:
             return {k: v for k, v in vars(self).items() if not k.startswith("_")}
-
-
-def _hex(keys: Iterable[bytes]) -> list[str]:
-    return [k.hex() for k in keys]
-
-
-def _fragment_json(f: Fragment) -> dict[str, Any]:
-    return {"parents": [[k.hex(), None if p is None else p.hex()] for k, p in f.parents],
-            "boundaries": [[b.hex(), _hex(full), _hex(win)] for b, full, win in f.boundaries]}
-
-
-def _fragment_of(d: dict[str, Any]) -> Fragment:
-    return Fragment(
-        tuple((bytes.fromhex(k), None if p is None else bytes.fromhex(p)) for k, p in d["parents"]),
-        tuple((bytes.fromhex(b), tuple(map(bytes.fromhex, full)), tuple(map(bytes.fromhex, win)))
-              for b, full, win in d["boundaries"]),
-    )
 
 
 @dataclass
@@ -78,19 +57,6 @@ class _Namespace:
     structure: PrefixStructure
     disk: Disk
     path_of: dict[int, str] = field(default_factory=dict)
-
-
-def _alive(owner: Sequence[Any]) -> bool:
-    host, pid = owner
-    if host != socket.gethostname():
-        return True  # another host's writer is never presumed dead
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class RootLedger:

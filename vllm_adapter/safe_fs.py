@@ -29,9 +29,9 @@ through vLLM's own failed-promotion path, and deleted or quarantined.  A tier
 sweeps temporary files a dead writer left behind when it starts.
 
 **Namespace**: files live under ``<root_dir>/kvchunk-v<version>-<digest>/``, the
-digest (BLAKE3, 128 bits) of :func:`geometry`: the model, KV dtype, KV cache
-layout (and canonical / replicated layout), tokens per hash, blocks per chunk,
-worker KV bytes per block, bytes per chunk and per file payload, per group its
+digest (BLAKE3, 128 bits) of :func:`~vllm_adapter.tier_options.geometry`: the model,
+KV dtype, KV cache layout (and canonical / replicated layout), tokens per hash, blocks
+per chunk, worker KV bytes per block, bytes per chunk and per file payload, per group its
 index, tokens per block, layer names, window in chunks and blocks per chunk, the
 TP/PP/PCP/DCP sizes, world size and rank, the format version and the checksum
 algorithm.  vLLM hands the spec no per-group page size (``OffloadingConfig``
@@ -69,7 +69,6 @@ import errno
 import json
 import logging
 import os
-import tempfile
 import threading
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -82,9 +81,7 @@ from vllm_adapter import packed_file as P
 from vllm_adapter import vllm_api as V
 from vllm_adapter.budgeted_tier import TierBudget, key_positions
 from vllm_adapter.chunk_file import (
-    BAD_FILE_POLICIES,
     CHECKSUM,
-    CHECKSUMS,
     FORMAT_VERSION,
     HEADER_SIZE,
     MAGIC,
@@ -92,18 +89,26 @@ from vllm_adapter.chunk_file import (
     ChunkFileError,
     ChunkIO,
     TierCounters,
-    _slices,
     batch_load_chunks,
     batch_store_chunks,
-    digest,
     key_digest,
     load_chunk,
     store_chunk,
     sweep_stale_temps,
 )
 from vllm_adapter.files import write_text_atomic
+from vllm_adapter.packed_io import PackedIndex, load_packed_files, store_packed_file
 from vllm_adapter.spec import _count
 from vllm_adapter.tier_metrics import TierStats, metric_definitions, with_kvchunk_tiers
+from vllm_adapter.tier_options import (
+    DEFAULT_LAYOUT,
+    _where,
+    check_tier_options,
+    geometry,
+    kvchunk_tier_configs,
+    namespace_digest,
+    usable_root,
+)
 from vllm_adapter.tiering import ReferenceTieringOffloadingSpec
 
 __all__ = [
@@ -117,12 +122,9 @@ __all__ = [
     "TierCounters",
     "batch_load_chunks",
     "batch_store_chunks",
-    "PackedIndex",
-    "geometry",
     "key_digest",
     "live_tiers",
     "load_chunk",
-    "namespace_digest",
     "store_chunk",
 ]
 
@@ -132,238 +134,8 @@ GEOMETRY_FILE = "kvchunk-geometry.json"
 
 
 # ---------------------------------------------------------------------------
-# Geometry namespace
-# ---------------------------------------------------------------------------
-
-
-def geometry(
-    spec: Any, payload_bytes: int, *, layout: str = "per_chunk", checksum: str = CHECKSUM
-) -> dict[str, Any]:
-    """Everything that decides the bytes of a chunk file, from an offloading spec.
-
-    ``spec``: a ``TieringOffloadingSpec`` (its ``config`` is vLLM's
-    ``OffloadingConfig``); ``payload_bytes``: the primary tier's row stride, the
-    bytes one file (or one packed section) holds; ``layout`` and ``checksum``: the
-    tier's options (files of another layout or checksum live in another namespace).
-    """
-    c = spec.config
-    p = c.parallel
-    return {
-        "format": "kvchunk-fs" if layout == "per_chunk" else "kvchunk-fs-packed",
-        "format_version": FORMAT_VERSION if layout == "per_chunk" else P.FORMAT_VERSION,
-        "checksum": checksum,
-        "model": str(c.model.name),
-        "kv_dtype": str(c.model.dtype),
-        "kv_cache_layout": None if c.kv_cache_layout is None else str(c.kv_cache_layout),
-        "canonical_layout": bool(c.canonical_layout),
-        "replicated_layout": bool(getattr(spec, "replicated_layout", False)),
-        "tokens_per_hash": int(c.cache.tokens_per_hash),
-        "blocks_per_chunk": int(c.cache.blocks_per_chunk),
-        "worker_kv_bytes_per_block": int(c.worker_kv_bytes_per_block),
-        "kv_bytes_per_chunk": int(spec.kv_bytes_per_chunk),
-        "cpu_page_size_per_worker": int(spec.cpu_page_size_per_worker),
-        "file_payload_bytes": int(payload_bytes),
-        "groups": [
-            {
-                "group_id": int(g.group_id),
-                "tokens_per_block": int(g.tokens_per_block),
-                "layer_names": [str(n) for n in g.layer_names],
-                "sliding_window_size_in_chunks": g.sliding_window_size_in_chunks,
-                "blocks_per_chunk": int(c.cache.blocks_per_chunk),
-            }
-            for g in c.groups
-        ],
-        "parallel": {"agnostic": True} if parallel_agnostic(spec) else {
-            "rank": int(p.rank),
-            "world_size": int(p.world_size),
-            "tp_size": int(p.tp_size),
-            "pp_size": int(p.pp_size),
-            "pcp_size": int(p.pcp_size),
-            "dcp_size": int(p.dcp_size),
-        },
-    }
-
-
-def parallel_agnostic(spec: Any) -> bool:
-    """Whether vLLM's ``FileMapper`` shares this spec's files across parallel configurations:
-    its fs tier asks for it, and it is granted when the pages are parallelism-invariant
-    (``OffloadingConfig.parallel.is_parallelism_agnostic``) or the layout is replicated
-    (DeepSeek's MLA: one copy for every rank).  kvchunk's namespace then leaves the
-    parallel sizes and the rank out, exactly there: a TP2 and a TP4 engine of one
-    replicated model read each other's files (every other geometry field still has to
-    match, the payload size among them)."""
-    c = spec.config
-    return bool(
-        getattr(c.parallel, "is_parallelism_agnostic", False)
-        or getattr(c, "replicated_layout", False)
-        or getattr(spec, "replicated_layout", False)
-    )
-
-
-def namespace_digest(fields: Mapping[str, Any]) -> bytes:
-    """BLAKE3 (16 bytes) of the canonical JSON of :func:`geometry`'s fields."""
-    return digest(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode())
-
-
-# ---------------------------------------------------------------------------
 # The tier and the spec
 # ---------------------------------------------------------------------------
-
-
-TIER_KEYS = (
-    "type", "module_path", "root_dir", "n_read_threads", "n_write_threads", "enable_kv_events",
-    "locality", "backpressure", "layout", "checksum", "bad_files", "fsync",
-    DB.DISK_BYTES_KEY, "eviction",
-)
-"""The options of a kvchunk file tier: vLLM's fs tier's, and :mod:`safe_fs`'s own."""
-LAYOUTS = ("per_chunk", "packed")
-DEFAULT_LAYOUT = "per_chunk"
-MAX_THREADS = 256
-"""``n_read_threads`` / ``n_write_threads`` above this are a mistake (vLLM's default is 16)."""
-
-
-def _where(tier_index: int | None) -> str:
-    if tier_index is None:
-        return f"the '{names.KVCHUNK_FS_TIER}' secondary tier config"
-    return f"secondary_tiers[{tier_index}] of kv_connector_extra_config"
-
-
-def check_tier_options(config: Mapping[str, Any], tier_index: int | None = None) -> None:
-    """``ValueError`` naming the key and a valid value for each bad option of a file tier."""
-    where = _where(tier_index)
-    unknown = sorted(set(config) - set(TIER_KEYS))
-    if unknown:
-        raise ValueError(
-            f"{unknown[0]!r} in {where} is not a file tier option; valid: {', '.join(TIER_KEYS)}"
-        )
-    root = config.get("root_dir")
-    if not isinstance(root, str) or not root:
-        raise ValueError(
-            f"'root_dir' in {where} must be a directory path, e.g. \"/mnt/nvme/kvchunk\", "
-            f"got {root!r}"
-        )
-    if config.get("layout", DEFAULT_LAYOUT) not in LAYOUTS:
-        raise ValueError(
-            f"'layout' in {where} must be 'per_chunk' or 'packed', got {config.get('layout')!r}"
-        )
-    if config.get("checksum", CHECKSUM) not in CHECKSUMS:
-        raise ValueError(
-            f"'checksum' in {where} must be one of {', '.join(map(repr, CHECKSUMS))}, "
-            f"got {config.get('checksum')!r}"
-        )
-    if config.get("bad_files", "delete") not in BAD_FILE_POLICIES:
-        raise ValueError(
-            f"'bad_files' in {where} must be 'delete' or 'quarantine', "
-            f"got {config.get('bad_files')!r}"
-        )
-    DB.parse_eviction(config.get("eviction", "reachable"), where)
-    if not isinstance(config.get("fsync", False), bool):
-        raise ValueError(f"'fsync' in {where} must be true or false, got {config.get('fsync')!r}")
-    for key in ("n_read_threads", "n_write_threads"):
-        value = config.get(key, 1)
-        if (isinstance(value, bool) or not isinstance(value, int)
-                or not 1 <= value <= MAX_THREADS):
-            raise ValueError(
-                f"'{key}' in {where} must be an integer from 1 to {MAX_THREADS}, e.g. 16, "
-                f"got {value!r}"
-            )
-
-
-def usable_root(root: str, tier_index: int | None = None) -> str:
-    """``root_dir`` with ``~`` / ``~user`` expanded, created, and probed by writing a file in it.
-
-    ``ValueError`` naming ``root_dir`` when it cannot be expanded, created or written.
-    """
-    where = _where(tier_index)
-    path = os.path.expanduser(root)
-    if path.startswith("~"):
-        raise ValueError(
-            f"'root_dir' in {where} names a home directory that does not exist ({root!r}); "
-            "give an absolute path, e.g. \"/mnt/nvme/kvchunk\""
-        )
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as exc:
-        raise ValueError(
-            f"'root_dir' in {where} must be a writable directory, e.g. \"/mnt/nvme/kvchunk\"; "
-            f"{root!r}: {exc.strerror or exc}"
-        ) from None
-    return path
-
-
-class PackedIndex:
-    """Which packed file and section holds each key (thread-safe): the packed tier's lookups.
-
-    Filled as stores finish and, when a tier starts, from the headers of the files
-    already in its namespace (:meth:`rebuild`); a section that fails verification
-    leaves it (:meth:`drop`).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._where: dict[bytes, tuple[str, P.Section]] = {}
-        self._files: dict[str, tuple[P.Section, ...]] = {}
-
-    def add(self, path: str, sections: Sequence[P.Section]) -> None:
-        with self._lock:
-            for s in self._files.get(path, ()):
-                if self._where.get(s.key, ("",))[0] == path:
-                    del self._where[s.key]
-            self._files[path] = tuple(sections)
-            for s in sections:
-                self._where[s.key] = (path, s)
-
-    def get(self, key: bytes) -> tuple[str, P.Section] | None:
-        with self._lock:
-            return self._where.get(bytes(key))
-
-    def __contains__(self, key: object) -> bool:
-        with self._lock:
-            return isinstance(key, bytes) and key in self._where
-
-    def drop(self, keys: Iterable[bytes]) -> None:
-        with self._lock:
-            for key in keys:
-                self._where.pop(bytes(key), None)
-
-    def drop_file(self, path: str) -> None:
-        """Forget a file and every key it holds (it is gone)."""
-        with self._lock:
-            for s in self._files.pop(path, ()):
-                if self._where.get(s.key, ("",))[0] == path:
-                    del self._where[s.key]
-
-    def files(self) -> int:
-        with self._lock:
-            return len(self._files)
-
-    def has_file(self, path: str) -> bool:
-        with self._lock:
-            return path in self._files
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._where)
-
-    def rebuild(self, namespace_dir: str, io: ChunkIO) -> tuple[int, int]:
-        """Index every packed file under ``namespace_dir`` from its header; ``(files, bad)``.
-
-        A file whose header fails is left alone here (its keys are not indexed, so no
-        load ever reads it); a section the header itself rejects is not indexed.
-        """
-        files = bad = 0
-        for path in P.iter_packed_files(namespace_dir):
-            try:
-                header = P.read_packed_index(path, io.namespace, io.checksum)
-            except OSError as exc:
-                bad += 1
-                logger.warning("kvchunk fs tier: %s not indexed: %s", path, exc)
-                continue
-            self.add(path, header.sections)
-            files += 1
-        return files, bad
 
 
 _LIVE: weakref.WeakSet[KvchunkFileTierManager] = weakref.WeakSet()
@@ -399,8 +171,8 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
     ``batch_store_block`` / ``batch_load_block``, and vLLM's ``FileMapper``
     names the files under the geometry namespace directory.  Packed layout: one
     file per store job (:mod:`vllm_adapter.packed_file`), lookups from
-    :class:`PackedIndex`; the thread pool, job bookkeeping and failed-load
-    handling stay vLLM's.
+    :class:`~vllm_adapter.packed_io.PackedIndex`; the thread pool, job bookkeeping and
+    failed-load handling stay vLLM's.
     """
 
     def __init__(
@@ -662,83 +434,10 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         self._pool.enqueue_load(job_id, 1, [load_task])
 
 
-def store_packed_file(
-    path: str, keys: Sequence[bytes], view: memoryview, offsets: Sequence[int], size: int,
-    io: ChunkIO,
-) -> tuple[P.Section, ...]:
-    """One packed file of a store job's keys (region rows at ``offsets``); the sections written."""
-    sections = P.store_packed(path, keys, _slices(view, offsets, size), io)
-    io.counters.add(files_stored=1, sections_stored=len(sections))
-    io.counters.per_group("sections_stored_per_group", [s.group for s in sections])
-    return sections
-
-
-def load_packed_files(
-    index: PackedIndex, keys: Sequence[Any], view: memoryview, offsets: Sequence[int], size: int,
-    io: ChunkIO,
-) -> None:
-    """Load a job's keys from the packed files the index names, each file opened once.
-
-    On failure raises an ``OSError`` carrying ``num_succeeded`` (the keys before
-    the first failed one, in job order, as vLLM's ``batch_load_block``); every
-    failed key leaves the index, and the job's other files are still read (a
-    bad section is found once, not by every later request).
-    """
-    by_file: dict[str, list[tuple[bytes, memoryview]]] = {}
-    failed: dict[bytes, str] = {}
-    rows = _slices(view, offsets, size)
-    for key, dest in zip(keys, rows, strict=True):
-        where = index.get(bytes(key))
-        if where is None:
-            failed[bytes(key)] = "not indexed"
-            continue
-        by_file.setdefault(where[0], []).append((bytes(key), dest))
-    for path, wants in by_file.items():
-        failures = P.load_packed(path, wants, io)
-        if P.WHOLE_FILE & set(failures.values()):
-            index.drop_file(path)
-        failed.update(failures)
-    if not failed:
-        return
-    index.drop(failed)
-    first = next(i for i, k in enumerate(keys) if bytes(k) in failed)
-    why = failed[bytes(keys[first])]
-    exc = ChunkFileError(str(next(iter(by_file), "")), f"packed section: {why}")
-    exc.num_succeeded = first  # type: ignore[attr-defined]
-    exc.failed_by_file = {  # type: ignore[attr-defined]
-        path: [k for k, _ in wants if k in failed] for path, wants in by_file.items()
-    }
-    raise exc
-
-
 def _write_json_once(path: str, data: Mapping[str, Any]) -> None:
     if os.path.exists(path):
         return
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True))
-
-
-def kvchunk_tier_configs(configs: Any) -> list[Any]:
-    """``secondary_tiers`` with every ``"fs"`` tier turned into kvchunk's (others unchanged)."""
-    if not isinstance(configs, list):
-        raise ValueError(
-            "'secondary_tiers' in kv_connector_extra_config must be a list of tier configs, "
-            f"e.g. [{{\"type\": \"fs\", \"root_dir\": \"/mnt/nvme/kvchunk\"}}], got {configs!r}"
-        )
-    out: list[Any] = []
-    for i, cfg in enumerate(configs):
-        if not isinstance(cfg, dict):
-            raise ValueError(
-                f"secondary_tiers[{i}] of kv_connector_extra_config must be an object, "
-                f"e.g. {{\"type\": \"fs\", \"root_dir\": \"/mnt/nvme/kvchunk\"}}, got {cfg!r}"
-            )
-        if cfg.get("type") in ("fs", names.KVCHUNK_FS_TIER):
-            check_tier_options(cfg, i)
-            root = usable_root(cfg["root_dir"], i)
-            cfg = {**cfg, "type": names.KVCHUNK_FS_TIER, "root_dir": root,
-                   DB.DISK_BYTES_KEY: DB.parse_disk_bytes(cfg.get(DB.DISK_BYTES_KEY), root,
-                                                          _where(i))}
-        out.append(cfg)
-    return out
 
 
 class KvchunkTieringOffloadingSpec(ReferenceTieringOffloadingSpec):

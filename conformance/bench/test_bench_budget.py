@@ -7,7 +7,7 @@ full-attention group of 512-token chunks, five sliding-window groups of 256-toke
 chunks); turn ``t`` of a session is one store job holding the keys that end in its
 ``t``-th 512-token span (11 keys: 1 full-attention, 10 window; every full key's parent
 is in the turn before, every boundary's window keys in that turn and the one before).
-Each job is one packed file (:func:`vllm_adapter.safe_fs.store_packed_file`, every
+Each job is one packed file (:func:`vllm_adapter.packed_io.store_packed_file`, every
 section :data:`SECTION` bytes, so a file is 48 KiB), reserved and completed through
 :class:`vllm_adapter.budgeted_tier.TierBudget` (:class:`~vllm_adapter.disk_budget.RootLedger`
 ``reserve`` with the request's key positions, then ``complete``), as
@@ -84,6 +84,7 @@ require_vllm()
 from conformance.bench.test_bench_disk import REPO, drop_caches, filesystem  # noqa: E402
 from conformance.harness import vllm_harness_api as V  # noqa: E402
 from vllm_adapter import packed_file as P  # noqa: E402
+from vllm_adapter import packed_io as PIO  # noqa: E402
 from vllm_adapter import safe_fs as S  # noqa: E402
 from vllm_adapter.budgeted_tier import TierBudget  # noqa: E402
 from vllm_adapter.planning import fixture_knob  # noqa: E402
@@ -185,7 +186,7 @@ class Root:
         self.budget_bytes = budget
         self.io = S.ChunkIO(namespace=bytes(16), o_direct=bool(V.probe_o_direct(self.root)))
         self.tier = self.new_tier()
-        self.index = S.PackedIndex()
+        self.index = PIO.PackedIndex()
         self.phases = Phases()
         self.stores = 0
 
@@ -209,9 +210,9 @@ class Root:
         t1 = time.perf_counter()
         done = []
         for path, keys in admitted:
-            sections = S.store_packed_file(path, keys, payload,
-                                           [i * SECTION for i in range(len(keys))], SECTION,
-                                           self.io)
+            sections = PIO.store_packed_file(path, keys, payload,
+                                             [i * SECTION for i in range(len(keys))], SECTION,
+                                             self.io)
             self.index.add(path, sections)
             done.append((path, True))
         t2 = time.perf_counter()
@@ -341,7 +342,7 @@ def restart(root: Root) -> Restart:
         t1 = time.perf_counter()
         started = root.new_tier().start(on_disk)
         t2 = time.perf_counter()
-        index = S.PackedIndex()
+        index = PIO.PackedIndex()
         indexed = index.rebuild(root.namespace_dir, root.io)
         t3 = time.perf_counter()
     finally:

@@ -16,9 +16,9 @@ directory supports it, the page cache dropped before every read pass:
   written and read by vLLM's ``batch_store_block`` / ``batch_load_block``, one pool
   task per job;
 * **packed** (kvchunk's tier): one file per store job
-  (:func:`vllm_adapter.safe_fs.store_packed_file`, every key a checksummed section), and
+  (:func:`vllm_adapter.packed_io.store_packed_file`, every key a checksummed section), and
   per load job one :func:`~vllm_adapter.packed_file.load_packed` per distinct file
-  (:func:`vllm_adapter.safe_fs.load_packed_files` over a :class:`PackedIndex`).
+  (:func:`vllm_adapter.packed_io.load_packed_files` over a :class:`PackedIndex`).
 
 A row is one CPU-tier chunk row (``round_up(worker_kv_bytes_per_block x copies x
 blocks_per_chunk, 4096)``, the per-chunk tier's file), scaled down so one variant's
@@ -64,6 +64,7 @@ require_vllm()
 from conformance.bench.test_bench_disk import REPO, THREADS, drop_caches, filesystem  # noqa: E402
 from conformance.harness import vllm_harness_api as V  # noqa: E402
 from vllm_adapter import packed_file as P  # noqa: E402
+from vllm_adapter import packed_io as PIO  # noqa: E402
 from vllm_adapter import safe_fs as S  # noqa: E402
 
 BLOCK_SIZE = 512
@@ -192,7 +193,7 @@ class PackedCase:
         }
         self.packed_dir = os.path.join(root, "packed-tier")
         self.io = S.ChunkIO(namespace=bytes(16), o_direct=self.o_direct)
-        self.index = S.PackedIndex()
+        self.index = PIO.PackedIndex()
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -264,7 +265,7 @@ class PackedCase:
 
     def _store_one(self, job: Sequence[bytes]) -> None:
         path = P.packed_name(self.packed_dir, job)
-        sections = S.store_packed_file(
+        sections = PIO.store_packed_file(
             path, job, self.view, self.offsets(job), self.row_bytes, self.io
         )
         self.index.add(path, sections)
@@ -283,12 +284,12 @@ class PackedCase:
         the cost once per file it opens."""
         files = len({w[0] for w in (self.index.get(k) for k in job) if w is not None})
         return [self._costly(files, cost, functools.partial(
-            S.load_packed_files, self.index, job, self.view, self.offsets(job),
+            PIO.load_packed_files, self.index, job, self.view, self.offsets(job),
             self.row_bytes, self.io))]
 
     def remove_packed_files(self) -> None:
         shutil.rmtree(self.packed_dir, ignore_errors=True)
-        self.index = S.PackedIndex()
+        self.index = PIO.PackedIndex()
 
     # -- what each wrote -----------------------------------------------------
 

@@ -198,10 +198,11 @@ def file_bytes(kvchunk_tier: bool, row: int) -> int:
 class PackedProbe(T.FileProbe):
     """:class:`~conformance.harness.tiered.FileProbe`'s counts on kvchunk's packed tier.
 
-    Wraps :func:`vllm_adapter.safe_fs.store_packed_file` (one call per file written)
-    and :func:`~vllm_adapter.safe_fs.load_packed_files` (one call per load job); a
-    loaded key is recorded as a name of its group (``packed_g<group>/<key>.bin``), so
-    ``read_per_group`` counts sections read per group.  ``files_written`` counts files.
+    Wraps :mod:`vllm_adapter.safe_fs`'s :func:`~vllm_adapter.packed_io.store_packed_file`
+    (one call per file written) and :func:`~vllm_adapter.packed_io.load_packed_files` (one
+    call per load job); a loaded key is recorded as a name of its group
+    (``packed_g<group>/<key>.bin``), so ``read_per_group`` counts sections read per group.
+    ``files_written`` counts files.
     """
 
     files_written: int = 0

@@ -58,6 +58,7 @@ from conformance.protocol import deviations  # noqa: E402
 from conformance.protocol.trace import RequestSpec  # noqa: E402
 from vllm_adapter import disk_budget as DB  # noqa: E402
 from vllm_adapter import safe_fs as S  # noqa: E402
+from vllm_adapter import tier_options as TO  # noqa: E402
 
 LEDGER_FILES = (DB.LEDGER_FILE, DB.LOCK_FILE)
 """The root's budget ledger and its lock (kvchunk's tier state, not partial files)."""
@@ -481,7 +482,7 @@ def test_kvchunk_tier_writer_killed_mid_write_leaves_no_file_to_serve(
     stored = _store_and_stop(tmp_path, "kvchunk")
     victims = T.block_files(tmp_path)[:2]
     geometry = json.loads(next(tmp_path.rglob(S.GEOMETRY_FILE)).read_text())
-    namespace = S.namespace_digest(geometry)
+    namespace = TO.namespace_digest(geometry)
     left: list[Path] = []
     for path in victims:
         path.unlink()
