@@ -386,6 +386,30 @@ def _bullet_sweep(bench: Mapping[str, Any]) -> str:
     )
 
 
+def _bullet_budget(bench: Mapping[str, Any]) -> str:
+    """The disk budget's three figures (issue #25): curve speed, start time, eviction overhead."""
+    curve, start, evict = (_rows(bench, k) for k in ("disk_curve", "budget_restart",
+                                                      "budget_eviction"))
+    if not (curve or start or evict):
+        return f"**Disk budget**: {NOT_MEASURED}."
+    parts = []
+    if curve:
+        parts.append(f"`--sweep-disk` (8 sizes, ~1M tokens; target <= "
+                     f"{curve[0]['budget_s']:g} s per curve): {_count_text(_target('disk_curve'), curve)}, "
+                     f"{_range((r['median_s'] for r in curve), '{:.1f}')} s median")
+    for r in start:
+        lo, hi = r["s_per_100k_ci"]
+        parts.append(f"a tier's start over a full root (informational; {r['scaling']}, "
+                     f"{r['headline']}): {r['s_per_100k']:.1f} s per 100k files [{lo:.1f}, {hi:.1f}]")
+    if evict:
+        parts.append(f"eviction overhead (store throughput with the budget full / empty, "
+                     f"files of {evict[0]['file_bytes'] // 1024} KiB, "
+                     f"{evict[0]['files_on_full_root']:,} files on the root; target >= 0.9): "
+                     f"{_count_text(_target('budget_eviction'), evict)}, "
+                     + ", ".join(_ratio_ci(r) for r in evict))
+    return "**Disk budget**: " + "; ".join(parts) + "."
+
+
 def _results_region(bench: Mapping[str, Any]) -> str:
     env = bench.get("kvchunk", {}).get("environment", {})
     head = (
@@ -402,6 +426,7 @@ def _results_region(bench: Mapping[str, Any]) -> str:
         _bullet_suite(bench),
         _bullet_gpu(bench, env),
         _bullet_sweep(bench),
+        _bullet_budget(bench),
     ]
     return _block([head, "", *(f"* {b}" for b in bullets)])
 

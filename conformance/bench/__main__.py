@@ -11,6 +11,10 @@ check is "met", "missed" (the whole 95 % interval on the wrong side) or
 "inconclusive" (it straddles the target: rerun); exits non-zero when a
 benchmark fails or a target is **missed**, printing which and by how much.
 What each figure means: :mod:`conformance.bench`.
+
+``python -m conformance.bench --render`` measures nothing: it writes ``reports/bench.md``
+again from ``reports/bench.json`` (its stored environment and verdicts), after a change to
+the renderers.
 """
 
 from __future__ import annotations
@@ -176,7 +180,20 @@ def _loadavg() -> str:
         return "n/a"
 
 
+def render() -> int:
+    """``reports/bench.md`` again from ``reports/bench.json``, as the run that wrote it."""
+    data, rows = load_rows(JSON)
+    kv = data["kvchunk"]
+    text = markdown(rows, kv["target_checks"], kv["missed"], kv["inconclusive"],
+                    kv["environment"], kv["pytest_status"])
+    MARKDOWN.write_text(text + files_markdown(rows))
+    print(f"wrote {MARKDOWN.relative_to(ROOT)} from {JSON.relative_to(ROOT)}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["--render"]:
+        return render()
     import torch
 
     torch.set_num_threads(THREADS)

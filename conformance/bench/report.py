@@ -1,6 +1,7 @@
 """The benchmark tables and target summary of ``reports/bench.md``.
 
-One renderer per section (transfer, oracle, disk, suite speed, GPU, targets),
+One renderer per section (transfer, oracle, disk, suite speed, sweep, disk budget
+(:mod:`conformance.bench.report_budget`), GPU, targets),
 each returning its markdown lines; :func:`markdown` joins them under the
 header.  The file-economics section is :mod:`conformance.bench.files_report`.
 """
@@ -11,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from conformance.bench import BLOCKS_PER_CHUNK, GEOMETRIES, TARGETS, Target
+from conformance.bench.report_budget import disk_budget_markdown
 from vllm_adapter.chunk_file import CHECKSUM
 from vllm_adapter.render import render_table
 
@@ -363,6 +365,7 @@ def markdown(
         *_packed(rows),
         *_suite(rows),
         *_sweep(rows),
+        *disk_budget_markdown(rows),
         *_gpu(rows, env),
         *_targets(checks, misses, unsure),
     ]
