@@ -21,7 +21,9 @@ A packed file is::
   section (:data:`ENTRY_FIXED_BYTES` plus the key): the key, its group, the
   section's offset and length, and the payload's checksum.
 * Every section starts on a page boundary, so ``O_DIRECT`` reads land whole
-  sections into page-aligned memory, and sections follow each other in job order.
+  sections into page-aligned memory, and sections follow each other in job order:
+  group-major, each group's chunks in prefix order (the Planner's store job; a tier
+  handed the keys in another order, as vLLM 0.33.0's set, writes them in this one).
 * A load reads the sections it needs and nothing else; sections adjacent in the
   file and wanted by the same load are one read (:func:`read_runs`).
 """

@@ -2,7 +2,8 @@
 
 The layout is :mod:`reference.packed`'s (this module writes and reads exactly
 those bytes): a page-rounded header, then each section's payload on a page
-boundary, in job order.  The header is, little-endian::
+boundary, in job order (group-major, prefix order: ``KvchunkFileTierManager`` sorts
+the job's keys so).  The header is, little-endian::
 
     magic "KVCPACK\\0" (8) | format version (2) | checksum id (2) | header bytes (4)
     | section count (4) | index bytes (4) | namespace digest (16) | header digest (16)

@@ -360,8 +360,13 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
 
     def _packed_store_task(self, keys: list[Any], offsets: list[int],
                            positions: dict[bytes, int]) -> Any:
-        new = [(bytes(k), off) for k, off in zip(keys, offsets, strict=True)
-               if bytes(k) not in self.index]
+        # A file's sections go group-major, each group in prefix order (the order of the
+        # reference's store job, reference.plan_state.store_job_of), whatever order vLLM
+        # hands the keys in (0.33.0 hands a set): a load of consecutive chunks is then one
+        # read per group, as reference.layout_economics counts it.
+        new = sorted(((bytes(k), off) for k, off in zip(keys, offsets, strict=True)
+                      if bytes(k) not in self.index),
+                     key=lambda ko: (P.group_of_key(ko[0]), positions.get(ko[0], 0)))
 
         def store_task() -> None:
             if not new:
