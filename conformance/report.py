@@ -230,7 +230,7 @@ class ConformanceReport:
         the result on each, and the counters each tier's cases totalled."""
         if not self.tier_cases:
             return "", ""
-        names = {"vllm": "vLLM's fs tier", "kvchunk": "kvchunk's fs tier (safe_fs)"}
+        names = {"vllm": "vLLM's fs tier", "kvchunk": "kvchunk's fs tier (vllm_adapter.disk)"}
 
         def result(cell_key: tuple[str, str, str] | None) -> str:
             if cell_key is None:
@@ -326,7 +326,7 @@ class ConformanceReport:
             text += (
                 "\n## File tiers side by side (tiered faults lane)\n\n"
                 "Every file-tier fault case runs on vLLM's fs tier and on kvchunk's "
-                "(`vllm_adapter.safe_fs`); an xfail is a recorded vLLM deviation.\n\n"
+                "(`vllm_adapter.disk.tier`); an xfail is a recorded vLLM deviation.\n\n"
                 f"{tier_totals}\n\n{tier_cases}\n"
             )
         mutation = self.mutation_section()

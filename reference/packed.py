@@ -5,7 +5,7 @@ packed layout writes **one file per store job** the tiering manager hands the
 tier (one GPU->CPU store of one request: every key it stored, all groups), so a
 workload writes as many files as store jobs, not as many as chunk keys, at the
 same chunk size.  This module is the layout's definition; the tier
-(``vllm_adapter.packed_file``) writes and reads exactly these bytes, and the
+(``vllm_adapter.disk.packed_file``) writes and reads exactly these bytes, and the
 economics (:mod:`reference.economics`) count files, sections and reads with it.
 
 A packed file is::

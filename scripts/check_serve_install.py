@@ -14,7 +14,7 @@ of that install gives:
 * DeepSeek-V4-Flash, TP4, fp8, GPU block size 256: ``blocks_per_chunk`` 2;
 * the disk serve config's spec: vLLM's own factories load kvchunk's
   ``KvchunkTieringOffloadingSpec`` and its ``kvchunk_fs`` file tier
-  (:mod:`vllm_adapter.safe_fs`, BLAKE3 from this install), and one chunk file goes
+  (:mod:`vllm_adapter.disk.tier`, BLAKE3 from this install), and one chunk file goes
   to disk and comes back verified.
 
 The expected values follow from the models' geometry (``docs/semantics.md``):
@@ -124,7 +124,8 @@ DISK_SPEC_PROBE = """
 import os, sys, tempfile
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
-from vllm_adapter import names, safe_fs
+from vllm_adapter import names
+from vllm_adapter.disk import tier as safe_fs
 spec = OffloadingSpecFactory.get_spec_cls(names.KVCHUNK_TIERING_SPEC)
 tier = SecondaryTierFactory.get_tier_class({"type": names.KVCHUNK_FS_TIER})
 io = safe_fs.ChunkIO(namespace=bytes(16))

@@ -46,7 +46,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from conformance.bench import GEOMETRIES, TARGETS, Target  # noqa: E402
-from vllm_adapter.chunk_file import CHECKSUM  # noqa: E402
+from vllm_adapter.disk.chunk_file import CHECKSUM  # noqa: E402
 from vllm_adapter.release_list import SUPPORTED_RELEASES  # noqa: E402
 
 README = ROOT / "README.md"

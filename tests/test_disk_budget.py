@@ -1,4 +1,4 @@
-"""vllm_adapter.disk_budget: one budget per root, shared by every engine; eviction by the rule.
+"""vllm_adapter.disk.budget: one budget per root, shared by every engine; eviction by the rule.
 
 Reachability is judged by the reference (``reference.eviction.Disk.stranded`` over a
 structure built from the requests' whole hash chains), not by the ledger's own model;
@@ -22,7 +22,7 @@ from reference.geometry import Geometry, GroupKind, KVGroup
 from reference.keys import group_keys, prefix_block_hashes
 from reference.knobs import BlocksPerChunk, Chunking, resolve
 from reference.prefix_structure import PrefixStructure
-from vllm_adapter import disk_budget as DB
+from vllm_adapter.disk import budget as DB
 
 NS = "kvchunk-v2-test"
 FILE = 1000

@@ -1,4 +1,4 @@
-"""The packed file (vllm_adapter.packed_file): the layout of reference.packed, its checks, what a bad file fails.
+"""The packed file (vllm_adapter.disk.packed_file): the layout of reference.packed, its checks, what a bad file fails.
 
 The engine-level cases (the packed tier under vLLM's tiering manager: damaged
 files, restarts, two engines) are the tiered faults lane's; these pin the format:
@@ -16,8 +16,8 @@ import pytest
 
 from conformance.harness import packed_faults as PF
 from reference import packed as R
-from vllm_adapter import chunk_file as C
-from vllm_adapter import packed_file as P
+from vllm_adapter.disk import chunk_file as C
+from vllm_adapter.disk import packed_file as P
 
 NS = bytes(range(16))
 ROW = 2 * R.PAGE

@@ -1,4 +1,4 @@
-"""vllm_adapter.safe_fs: the chunk file format, its checks, its config errors, atomic writes.
+"""vllm_adapter.disk.tier: the chunk file format, its checks, its config errors, atomic writes.
 
 The engine-level cases (damaged files, full disk, restarts, killed writers, two engines
 on one root, gemma-4 and DeepSeek-V4) are the faults lane's
@@ -20,10 +20,10 @@ from conformance.testing.requires import require_vllm  # noqa: E402
 require_vllm()
 
 from conformance.harness import vllm_harness_api as V  # noqa: E402
-from vllm_adapter import chunk_file as C  # noqa: E402
 from vllm_adapter import names  # noqa: E402
-from vllm_adapter import safe_fs as S  # noqa: E402
-from vllm_adapter import tier_options as TO  # noqa: E402
+from vllm_adapter.disk import chunk_file as C  # noqa: E402
+from vllm_adapter.disk import options as TO  # noqa: E402
+from vllm_adapter.disk import tier as S  # noqa: E402
 
 NS = bytes(range(16))
 KEY = S.key_digest(b"\x01" * 36)

@@ -33,7 +33,7 @@ SERVING = (
     "vllm_adapter",
     "vllm_adapter.connector",
     "vllm_adapter.spec",
-    "vllm_adapter.safe_fs",
+    "vllm_adapter.disk.tier",
     "vllm_adapter.tiering",
     "vllm_adapter.geometry",
     "vllm_adapter.cli",

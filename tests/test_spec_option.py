@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LANES = ROOT / "conformance" / "lanes"
 VLLM_TIERING = "vllm.v1.kv_offload.tiering.spec:TieringOffloadingSpec"
 REFERENCE = "vllm_adapter.spec:ReferenceOffloadingSpec"
-KVCHUNK_TIERING = "vllm_adapter.safe_fs:KvchunkTieringOffloadingSpec"
+KVCHUNK_TIERING = "vllm_adapter.disk.tier:KvchunkTieringOffloadingSpec"
 BROKEN = "conformance.testing.broken_spec:SwappedBlocksSpec"
 SUMMARY = re.compile(r"=* ?(.*\b(?:passed|failed|skipped|error|errors)\b.*) in [\d.]+s")
 

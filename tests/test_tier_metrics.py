@@ -1,6 +1,6 @@
-"""vllm_adapter.tier_metrics: the kvchunk file tier's counters through vLLM's connector stats.
+"""vllm_adapter.disk.metrics: the kvchunk file tier's counters through vLLM's connector stats.
 
-The payloads :class:`~vllm_adapter.tier_metrics.TierStats` builds go through vLLM's own
+The payloads :class:`~vllm_adapter.disk.metrics.TierStats` builds go through vLLM's own
 code as a running engine's would: ``OffloadingConnectorStats.aggregate`` (worker outputs
 merged, tier payloads merged into the scheduler's, a logging interval's steps summed),
 ``reduce()`` (the "KV Transfer metrics" log line, via ``KVConnectorLogging``) and
@@ -44,11 +44,11 @@ from reference.eviction import EvictionRule  # noqa: E402
 from reference.geometry import Geometry, GroupKind, KVGroup  # noqa: E402
 from reference.knobs import BlocksPerChunk, resolve  # noqa: E402
 from vllm_adapter import names  # noqa: E402
-from vllm_adapter import tier_metrics as TM  # noqa: E402
 from vllm_adapter import vllm_api as V  # noqa: E402
-from vllm_adapter.budgeted_tier import TierBudget  # noqa: E402
-from vllm_adapter.chunk_file import TierCounters  # noqa: E402
-from vllm_adapter.safe_fs import KvchunkFileTierManager, KvchunkTieringOffloadingSpec  # noqa: E402
+from vllm_adapter.disk import metrics as TM  # noqa: E402
+from vllm_adapter.disk.chunk_file import TierCounters  # noqa: E402
+from vllm_adapter.disk.tier import KvchunkFileTierManager, KvchunkTieringOffloadingSpec  # noqa: E402
+from vllm_adapter.disk.tier_budget import TierBudget  # noqa: E402
 
 N = "vllm:kvchunk_fs_"
 """The names spelled out here, not taken from the module under test."""

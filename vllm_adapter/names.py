@@ -38,7 +38,7 @@ def connector_module(connector: str) -> str | None:
 KVCHUNK_TIERING_SPEC_NAME = "KvchunkTieringOffloadingSpec"
 """kvchunk's serving tiering spec: vLLM's tiering with a checksummed, geometry-namespaced file tier."""
 
-KVCHUNK_TIERING_SPEC_MODULE = "vllm_adapter.safe_fs"
+KVCHUNK_TIERING_SPEC_MODULE = "vllm_adapter.disk"
 
 KVCHUNK_TIERING_SPEC = {
     "spec_name": KVCHUNK_TIERING_SPEC_NAME,

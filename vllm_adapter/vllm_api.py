@@ -1,7 +1,7 @@
 """The serving core's vLLM imports: what kvchunk needs inside a running engine.
 
 :mod:`vllm_adapter.connector`, :mod:`~vllm_adapter.spec`, :mod:`~vllm_adapter.tiering`,
-:mod:`~vllm_adapter.safe_fs` and :mod:`~vllm_adapter.geometry` do
+:mod:`~vllm_adapter.disk.tier` and :mod:`~vllm_adapter.geometry` do
 ``from vllm_adapter import vllm_api as V`` and reach vLLM through ``V.<name>``.
 A new vLLM release that renames something serving uses changes this file (or
 :mod:`vllm_adapter.vllm_shims`, where the two supported releases differ).
@@ -89,7 +89,7 @@ __all__ = [
     "OffloadingWorker",
     "TransferResult",
     "gpu_blocks",
-    # tiering (vllm_adapter.tiering, vllm_adapter.safe_fs): vLLM's TieringOffloadingSpec,
+    # tiering (vllm_adapter.tiering, vllm_adapter.disk.tier): vLLM's TieringOffloadingSpec,
     # its secondary-tier registry and file-system tier, and the platform check
     # deciding between vLLM's CUDA worker and the reference worker.
     "FileSystemTierManager",
@@ -99,7 +99,7 @@ __all__ = [
     "TieringOffloadingSpec",
     "cuda_offloading_platform",
     "fs_tier_track_store",
-    # tier metrics (vllm_adapter.tier_metrics): the file tier's counters and gauges as
+    # tier metrics (vllm_adapter.disk.metrics): the file tier's counters and gauges as
     # vLLM's offloading metric definitions, and the stats payload its get_stats returns.
     "OffloadingConnectorStats",
     "OffloadingCounterMetadata",

@@ -222,7 +222,7 @@ def uses_v2_model_runner(vllm_config: Any) -> bool:
 
 
 # --- file tier ---
-# Used by vllm_adapter.safe_fs (KvchunkFileTierManager).
+# Used by vllm_adapter.disk.tier (KvchunkFileTierManager).
 
 
 def fs_tier_track_store(tier: Any, job: Any) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from conformance.bench import BLOCKS_PER_CHUNK, GEOMETRIES, TARGETS, Target
 from conformance.bench.report_budget import disk_budget_markdown
-from vllm_adapter.chunk_file import CHECKSUM
+from vllm_adapter.disk.chunk_file import CHECKSUM
 from vllm_adapter.render import render_table
 
 __all__ = ["markdown", "pick"]

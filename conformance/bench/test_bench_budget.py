@@ -7,9 +7,9 @@ full-attention group of 512-token chunks, five sliding-window groups of 256-toke
 chunks); turn ``t`` of a session is one store job holding the keys that end in its
 ``t``-th 512-token span (11 keys: 1 full-attention, 10 window; every full key's parent
 is in the turn before, every boundary's window keys in that turn and the one before).
-Each job is one packed file (:func:`vllm_adapter.packed_io.store_packed_file`, every
+Each job is one packed file (:func:`vllm_adapter.disk.packed_io.store_packed_file`, every
 section :data:`SECTION` bytes, so a file is 48 KiB), reserved and completed through
-:class:`vllm_adapter.budgeted_tier.TierBudget` (:class:`~vllm_adapter.disk_budget.RootLedger`
+:class:`vllm_adapter.disk.tier_budget.TierBudget` (:class:`~vllm_adapter.disk.budget.RootLedger`
 ``reserve`` with the request's key positions, then ``complete``), as
 ``KvchunkFileTierManager``'s packed store task does.
 
@@ -18,7 +18,7 @@ section :data:`SECTION` bytes, so a file is 48 KiB), reserved and completed thro
 ``KVCHUNK_BENCH_BUDGET_FILES``), its budget exactly full, then what a tier does when it
 starts (``KvchunkFileTierManager.__init__``), each step timed: ``scan``, list the
 namespace's packed files (``_files_on_disk``); ``ledger``, ``TierBudget(...)`` (a
-:class:`~vllm_adapter.disk_budget.RootLedger` and its ``set_chunking``, which replays
+:class:`~vllm_adapter.disk.budget.RootLedger` and its ``set_chunking``, which replays
 the ledger) and its ``start(on_disk)`` (replay, reconcile, budget, compaction when the
 ledger is large); ``index``, ``PackedIndex().rebuild`` (one header read per file).  Each
 round restores the ledger as the stores wrote it, then times a restart with the page
@@ -83,10 +83,10 @@ require_vllm()
 
 from conformance.bench.test_bench_disk import REPO, drop_caches, filesystem  # noqa: E402
 from conformance.harness import vllm_harness_api as V  # noqa: E402
-from vllm_adapter import packed_file as P  # noqa: E402
-from vllm_adapter import packed_io as PIO  # noqa: E402
-from vllm_adapter import safe_fs as S  # noqa: E402
-from vllm_adapter.budgeted_tier import TierBudget  # noqa: E402
+from vllm_adapter.disk import packed_file as P  # noqa: E402
+from vllm_adapter.disk import packed_io as PIO  # noqa: E402
+from vllm_adapter.disk import tier as S  # noqa: E402
+from vllm_adapter.disk.tier_budget import TierBudget  # noqa: E402
 from vllm_adapter.planning import fixture_knob  # noqa: E402
 
 PROFILE = os.environ.get("KVCHUNK_PROFILE", "ci")

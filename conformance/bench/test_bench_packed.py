@@ -16,9 +16,9 @@ directory supports it, the page cache dropped before every read pass:
   written and read by vLLM's ``batch_store_block`` / ``batch_load_block``, one pool
   task per job;
 * **packed** (kvchunk's tier): one file per store job
-  (:func:`vllm_adapter.packed_io.store_packed_file`, every key a checksummed section), and
-  per load job one :func:`~vllm_adapter.packed_file.load_packed` per distinct file
-  (:func:`vllm_adapter.packed_io.load_packed_files` over a :class:`PackedIndex`).
+  (:func:`vllm_adapter.disk.packed_io.store_packed_file`, every key a checksummed section), and
+  per load job one :func:`~vllm_adapter.disk.packed_file.load_packed` per distinct file
+  (:func:`vllm_adapter.disk.packed_io.load_packed_files` over a :class:`PackedIndex`).
 
 A row is one CPU-tier chunk row (``round_up(worker_kv_bytes_per_block x copies x
 blocks_per_chunk, 4096)``, the per-chunk tier's file), scaled down so one variant's
@@ -63,9 +63,9 @@ require_vllm()
 
 from conformance.bench.test_bench_disk import REPO, THREADS, drop_caches, filesystem  # noqa: E402
 from conformance.harness import vllm_harness_api as V  # noqa: E402
-from vllm_adapter import packed_file as P  # noqa: E402
-from vllm_adapter import packed_io as PIO  # noqa: E402
-from vllm_adapter import safe_fs as S  # noqa: E402
+from vllm_adapter.disk import packed_file as P  # noqa: E402
+from vllm_adapter.disk import packed_io as PIO  # noqa: E402
+from vllm_adapter.disk import tier as S  # noqa: E402
 
 BLOCK_SIZE = 512
 WORKLOADS = ("chat", "agentic")

@@ -5,8 +5,8 @@
 one CPU-tier row per file, the tier's ``DualQueueThreadPool`` with 16 + 16
 threads, one job per chunk, ``O_DIRECT`` when the directory supports it),
 written and read by kvchunk's ``batch_store_chunks`` / ``batch_load_chunks``
-(:mod:`vllm_adapter.safe_fs`: a 4 KiB header, the tier's default payload checksum
--- :data:`vllm_adapter.chunk_file.CHECKSUM`, XXH3-128 -- on store and on load, temp
+(:mod:`vllm_adapter.disk.tier`: a 4 KiB header, the tier's default payload checksum
+-- :data:`vllm_adapter.disk.chunk_file.CHECKSUM`, XXH3-128 -- on store and on load, temp
 file + rename) against vLLM's ``batch_store_block`` /
 ``batch_load_block`` (temp file + rename, no check), interleaved (``B A B A ...
 B``, :func:`conformance.bench.measure`) at every ``blocks_per_chunk``.  Reads
@@ -16,7 +16,7 @@ measured and reported, not checked (a 4 KiB header and a per-file hash call
 weigh more on small files).
 
 ``test_checksum_throughput``: XXH3-128 (the tier's default, through the tier's own
-:func:`~vllm_adapter.chunk_file.payload_digest`), BLAKE3 (16-byte digest) on one core
+:func:`~vllm_adapter.disk.chunk_file.payload_digest`), BLAKE3 (16-byte digest) on one core
 and on all cores (the tier's BLAKE3 mode for payloads of 1 MiB and more), and zlib's
 CRC-32 for comparison, GB/s over 256 MiB.
 """
@@ -48,8 +48,8 @@ from conformance.bench.test_bench_disk import (  # noqa: E402
     drop_caches,
     filesystem,
 )
-from vllm_adapter import safe_fs as S  # noqa: E402
-from vllm_adapter.chunk_file import CHECKSUM, payload_digest  # noqa: E402
+from vllm_adapter.disk import tier as S  # noqa: E402
+from vllm_adapter.disk.chunk_file import CHECKSUM, payload_digest  # noqa: E402
 
 
 @pytest.fixture

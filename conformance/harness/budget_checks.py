@@ -1,4 +1,4 @@
-"""Checks of a kvchunk file tier's byte budget (:mod:`vllm_adapter.disk_budget`) for the lanes.
+"""Checks of a kvchunk file tier's byte budget (:mod:`vllm_adapter.disk.budget`) for the lanes.
 
 What :mod:`conformance.lanes.test_tiered_budget` holds the tier to, judged from the
 root itself and from the reference, not from the tier's own model:
@@ -33,10 +33,10 @@ from reference.geometry import Geometry, GroupKind, KVGroup
 from reference.keys import split_key
 from reference.knobs import BlocksPerChunk, Chunking, resolve
 from reference.prefix_structure import PrefixStructure
-from vllm_adapter import disk_budget as DB
-from vllm_adapter import packed_file as P
-from vllm_adapter import safe_fs as S
-from vllm_adapter.chunk_file import QUARANTINE_DIR, TEMP_SUFFIX
+from vllm_adapter.disk import budget as DB
+from vllm_adapter.disk import packed_file as P
+from vllm_adapter.disk import tier as S
+from vllm_adapter.disk.chunk_file import QUARANTINE_DIR, TEMP_SUFFIX
 
 __all__ = [
     "METADATA_FILES",
@@ -50,7 +50,7 @@ __all__ = [
 
 METADATA_FILES = frozenset({DB.LEDGER_FILE, DB.LOCK_FILE, S.GEOMETRY_FILE, "config.json"})
 """Files under a root the budget does not cover (the module docstring of
-:mod:`vllm_adapter.disk_budget`); a ledger being compacted (``<ledger>.<pid>.compact``) neither."""
+:mod:`vllm_adapter.disk.budget`); a ledger being compacted (``<ledger>.<pid>.compact``) neither."""
 
 
 def full_attention_chunking(block_size: int, blocks_per_chunk: int) -> Chunking:

@@ -1,4 +1,4 @@
-"""Faults of packed files (:mod:`vllm_adapter.packed_file`): damaged bytes and crafted headers.
+"""Faults of packed files (:mod:`vllm_adapter.disk.packed_file`): damaged bytes and crafted headers.
 
 No vLLM import: the format tests (``tests/test_packed_file.py``) and the tiered faults
 lane (``conformance/lanes/test_tiered_packed.py``) both use it.
@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from reference.packed import FIXED_HEADER_BYTES
-from vllm_adapter import packed_file as P
-from vllm_adapter.chunk_file import digest
+from vllm_adapter.disk import packed_file as P
+from vllm_adapter.disk.chunk_file import digest
 
 __all__ = ["INDEX_FAULTS", "damage_index", "entries", "pack_entries", "rewrite_header"]
 

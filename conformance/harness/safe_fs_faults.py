@@ -1,8 +1,8 @@
-"""Harness of the faults lane's cases against kvchunk's file tier (:mod:`vllm_adapter.safe_fs`).
+"""Harness of the faults lane's cases against kvchunk's file tier (:mod:`vllm_adapter.disk.tier`).
 
 The same round trips as :mod:`conformance.harness.tiered` (vLLM's tiering manager, CPU
 tier and fs-tier machinery; the reference worker), with the spec swapped for
-:class:`vllm_adapter.safe_fs.KvchunkTieringOffloadingSpec`:
+:class:`vllm_adapter.disk.tier.KvchunkTieringOffloadingSpec`:
 
 * :func:`kvchunk_tiering_spec`: the extra-config entries (``"fs"`` tier, which the
   spec turns into kvchunk's);
@@ -32,8 +32,9 @@ from conformance.harness import spec_option
 from conformance.harness import tiered as T
 from conformance.protocol.trace import RequestSpec
 from vllm_adapter import names
-from vllm_adapter import packed_file as P
-from vllm_adapter import safe_fs as S
+from vllm_adapter.disk import packed_file as P
+from vllm_adapter.disk import tier as S
+from vllm_adapter.disk.fileio import TierFileIO
 
 __all__ = [
     "FAULTS",
@@ -88,11 +89,22 @@ class ChunkProbe(T.FileProbe):
     def install(
         self,
         monkeypatch: Any,
-        module: Any = S,
-        store_name: str = "batch_store_chunks",
-        load_name: str = "batch_load_chunks",
+        module: Any = None,
+        store_name: str = "store_chunks",
+        load_name: str = "load_chunks",
     ) -> Self:
-        return super().install(monkeypatch, module, store_name, load_name)
+        """Wrap the file I/O object of every kvchunk tier built from now on (``module``:
+        that object, a fresh :class:`~vllm_adapter.disk.fileio.TierFileIO` by default)."""
+        file_io = _wrapped_file_io(monkeypatch) if module is None else module
+        return super().install(monkeypatch, file_io, store_name, load_name)
+
+
+def _wrapped_file_io(monkeypatch: Any) -> TierFileIO:
+    """One :class:`~vllm_adapter.disk.fileio.TierFileIO` that every kvchunk tier built from
+    now on uses (a probe wraps its methods)."""
+    file_io = TierFileIO()
+    monkeypatch.setattr(S.KvchunkFileTierManager, "file_io_factory", lambda: file_io)
+    return file_io
 
 
 def prompts(prompt_len: int, seed: int = 0) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -151,7 +163,7 @@ def _writer(path: str, namespace: bytes, key_id: bytes, payload_bytes: int, star
 
 
 def kill_mid_write(path: Path, namespace: bytes, key_id: bytes, payload_bytes: int) -> list[Path]:
-    """Run :func:`vllm_adapter.safe_fs.store_chunk` of ``path`` in a forked child process,
+    """Run :func:`vllm_adapter.disk.tier.store_chunk` of ``path`` in a forked child process,
     ``SIGKILL`` it once it has written part of the file, and return what it left beside
     ``path`` (files whose name starts with ``path``'s)."""
     started = path.parent / f".started-{os.getpid()}"
@@ -198,9 +210,8 @@ def file_bytes(kvchunk_tier: bool, row: int) -> int:
 class PackedProbe(T.FileProbe):
     """:class:`~conformance.harness.tiered.FileProbe`'s counts on kvchunk's packed tier.
 
-    Wraps :mod:`vllm_adapter.safe_fs`'s :func:`~vllm_adapter.packed_io.store_packed_file`
-    (one call per file written) and :func:`~vllm_adapter.packed_io.load_packed_files` (one
-    call per load job); a loaded key is recorded as a name of its group
+    Wraps the tiers' :class:`~vllm_adapter.disk.fileio.TierFileIO` ``store_packed``
+    (one call per file written) and ``load_packed`` (one call per load job); a loaded key is recorded as a name of its group
     (``packed_g<group>/<key>.bin``), so ``read_per_group`` counts sections read per group.
     ``files_written`` counts files.
     """
@@ -210,10 +221,11 @@ class PackedProbe(T.FileProbe):
     def install(
         self,
         monkeypatch: Any,
-        module: Any = S,
-        store_name: str = "store_packed_file",
-        load_name: str = "load_packed_files",
+        module: Any = None,
+        store_name: str = "store_packed",
+        load_name: str = "load_packed",
     ) -> Self:
+        module = _wrapped_file_io(monkeypatch) if module is None else module
         real_store, real_load = getattr(module, store_name), getattr(module, load_name)
 
         def names_of(keys: Sequence[bytes]) -> list[str]:

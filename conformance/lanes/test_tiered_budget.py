@@ -1,8 +1,8 @@
 """Faults lane, tiered: kvchunk's file tier under a small byte budget (``disk_bytes_to_use``).
 
 The synthetic full-attention fixture (16-token blocks, ``blocks_per_chunk`` 2: 32-token
-chunks) through :class:`vllm_adapter.safe_fs.KvchunkTieringOffloadingSpec`, both layouts,
-with a budget of a handful of chunk files (:mod:`vllm_adapter.disk_budget`, eviction
+chunks) through :class:`vllm_adapter.disk.tier.KvchunkTieringOffloadingSpec`, both layouts,
+with a budget of a handful of chunk files (:mod:`vllm_adapter.disk.budget`, eviction
 ``"reachable"``), judged from the root and the reference (:mod:`conformance.harness.budget_checks`):
 
 * **soak**: a few hundred short requests (a few system prefixes x many suffixes, some
@@ -63,10 +63,10 @@ from conformance.harness.kvdata import SyntheticModelRunner  # noqa: E402
 from conformance.protocol.trace import RequestSpec  # noqa: E402
 from reference import packed as RP  # noqa: E402
 from reference.keys import make_key  # noqa: E402
-from vllm_adapter import chunk_file as CF  # noqa: E402
-from vllm_adapter import disk_budget as DB  # noqa: E402
-from vllm_adapter import packed_file as P  # noqa: E402
-from vllm_adapter import safe_fs as S  # noqa: E402
+from vllm_adapter.disk import budget as DB  # noqa: E402
+from vllm_adapter.disk import chunk_file as CF  # noqa: E402
+from vllm_adapter.disk import packed_file as P  # noqa: E402
+from vllm_adapter.disk import tier as S  # noqa: E402
 
 pytestmark = pytest.mark.faults
 
@@ -469,8 +469,9 @@ def _doomed_engines(root: Path) -> None:
         return ()
 
     # this process only: every store of a tier writes part of its file, then hangs
-    S.batch_store_chunks = hang_chunks
-    S.store_packed_file = hang_packed
+    for tier in S.live_tiers():
+        tier.file_io.store_chunks = hang_chunks  # type: ignore[method-assign]
+        tier.file_io.store_packed = hang_packed  # type: ignore[method-assign]
     for session in sessions.values():
         session.add_request(RequestSpec("c2", CRASH_PROMPTS[2], max_tokens=2))
         T.run_until_idle(session)

@@ -311,7 +311,7 @@ def _with_retention(case: EconomicsCase, root: Path, spec: dict[str, Any] | None
 
 @dataclass(frozen=True)
 class TierSnapshot:
-    """A packed tier's counters at one moment (:class:`vllm_adapter.chunk_file.TierCounters`)."""
+    """A packed tier's counters at one moment (:class:`vllm_adapter.disk.chunk_file.TierCounters`)."""
 
     files_stored: int
     sections_stored: int
@@ -347,7 +347,7 @@ class TierSnapshot:
 
 def packed_on_disk(tier: Any) -> tuple[int, dict[int, int]]:
     """The packed files under the tier's namespace, and their sections per group (headers read)."""
-    from vllm_adapter.packed_file import iter_packed_files, read_packed_index
+    from vllm_adapter.disk.packed_file import iter_packed_files, read_packed_index
 
     files = 0
     per_group: dict[int, int] = {}

@@ -3,7 +3,7 @@ recompute exactly what the reference predicts.
 
 kvchunk's file tier (``KvchunkTieringOffloadingSpec``, ``layout: packed``, one file per
 store job) enforces ``disk_bytes_to_use`` per root with the eviction rule of
-:mod:`reference.eviction` (``eviction: reachable``; :mod:`vllm_adapter.disk_budget`).
+:mod:`reference.eviction` (``eviction: reachable``; :mod:`vllm_adapter.disk.budget`).
 Here a workload (:mod:`reference.workload`) runs through vLLM's real scheduler,
 connector and tiering manager over that tier, on the gemma-4-31B-it TP2 and
 DeepSeek-V4-Flash TP4 fixtures with ``block_size: 512`` and vLLM's default retention
@@ -193,7 +193,7 @@ class TierState:
 
 
 def _tier_state(tier: Any) -> TierState:
-    from vllm_adapter.packed_file import iter_packed_files
+    from vllm_adapter.disk.packed_file import iter_packed_files
 
     budget = tier.budget.counters.as_dict()
     c = tier.counters

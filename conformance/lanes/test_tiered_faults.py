@@ -13,7 +13,7 @@ directory must be (the lane runs as root, so permission bits would not stop a wr
 
 Every case runs on two file tiers (``tier``): ``vllm``, vLLM's own (its known deviations
 ``fs-tier-no-checksum`` and ``fs-tier-namespace-ignores-kv-geometry`` are strict xfails),
-and ``kvchunk``, :mod:`vllm_adapter.safe_fs` (checksummed, geometry-namespaced, atomic
+and ``kvchunk``, :mod:`vllm_adapter.disk.tier` (checksummed, geometry-namespaced, atomic
 chunk files; :mod:`conformance.harness.safe_fs_faults`), which must pass all of them: on top,
 a damaged file must fail its load, be removed, and a third request must be served from
 the rewritten file without a failure.  kvchunk's tier also runs a writer process killed
@@ -56,9 +56,9 @@ from conformance.harness.cases import DSV4, GEMMA  # noqa: E402
 from conformance.harness.fixture_runs import FixtureCase  # noqa: E402
 from conformance.protocol import deviations  # noqa: E402
 from conformance.protocol.trace import RequestSpec  # noqa: E402
-from vllm_adapter import disk_budget as DB  # noqa: E402
-from vllm_adapter import safe_fs as S  # noqa: E402
-from vllm_adapter import tier_options as TO  # noqa: E402
+from vllm_adapter.disk import budget as DB  # noqa: E402
+from vllm_adapter.disk import options as TO  # noqa: E402
+from vllm_adapter.disk import tier as S  # noqa: E402
 
 LEDGER_FILES = (DB.LEDGER_FILE, DB.LOCK_FILE)
 """The root's budget ledger and its lock (kvchunk's tier state, not partial files)."""
@@ -155,7 +155,7 @@ def _no_wrong_bytes(rt: T.RoundTrip, record_property: Any) -> str:
 
 CHOSEN = spec_option.chosen()
 TIERS = ["vllm", "kvchunk"] if CHOSEN is None else [CHOSEN.id]
-"""vLLM's fs tier, and kvchunk's (``vllm_adapter.safe_fs``): every fault case runs on both;
+"""vLLM's fs tier, and kvchunk's (``vllm_adapter.disk.tier``): every fault case runs on both;
 with ``--spec``, on that spec only."""
 
 

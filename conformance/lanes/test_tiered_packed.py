@@ -3,8 +3,8 @@
 The same small synthetic full-attention model and round trip as
 ``conformance/lanes/test_tiered_faults.py`` (two 200-token prompts stored, GPU cache
 and CPU tier reset, the CPU region poisoned, the prompts asked again), with
-:class:`vllm_adapter.safe_fs.KvchunkTieringOffloadingSpec` and ``"layout": "packed"``
-(:mod:`vllm_adapter.packed_file`).  Whatever the fault, a load fails cleanly and its
+:class:`vllm_adapter.disk.tier.KvchunkTieringOffloadingSpec` and ``"layout": "packed"``
+(:mod:`vllm_adapter.disk.packed_file`).  Whatever the fault, a load fails cleanly and its
 tokens are recomputed, never served wrong, and the engine does not crash; then a third
 round is served from files without a failure (the failed sections left the index and
 their recomputed chunks were stored again).
@@ -35,7 +35,7 @@ from conformance.harness import packed_faults as PF  # noqa: E402
 from conformance.harness import safe_fs_faults as SF  # noqa: E402
 from conformance.harness import tiered as T  # noqa: E402
 from conformance.protocol.trace import RequestSpec  # noqa: E402
-from vllm_adapter import safe_fs as S  # noqa: E402
+from vllm_adapter.disk import tier as S  # noqa: E402
 
 pytestmark = pytest.mark.faults
 

@@ -6,9 +6,9 @@ rank), except where the fs tier asks for sharing and the pages are the same for 
 configuration: a parallelism-agnostic canonical layout, or a replicated layout
 (``replicated_layout`` on vLLM's offloading spec: MLA at TP > 1 with one KV replica per
 rank, DeepSeek's latent KV).  kvchunk's file tier
-(:class:`vllm_adapter.safe_fs.KvchunkTieringOffloadingSpec`) names its namespace after the
-geometry (:func:`vllm_adapter.tier_options.geometry`), which leaves the parallel sizes
-and the rank out exactly there (:func:`vllm_adapter.tier_options.parallel_agnostic`).
+(:class:`vllm_adapter.disk.tier.KvchunkTieringOffloadingSpec`) names its namespace after the
+geometry (:func:`vllm_adapter.disk.options.geometry`), which leaves the parallel sizes
+and the rank out exactly there (:func:`vllm_adapter.disk.options.parallel_agnostic`).
 
 * DeepSeek-V4-Flash (the TP4 fixture; the TP2 engine is the same model with the TP
   size and ``kv_tp_replicas`` changed, :func:`conformance.harness.sharing.with_tp_size`,
@@ -53,7 +53,7 @@ pytestmark = pytest.mark.faults
 PROFILE = os.environ.get("KVCHUNK_PROFILE", "ci")
 # CI (about 25 minutes for both releases) runs the sharing case on the packed layout and the
 # control on the per-chunk one; ``KVCHUNK_PROFILE=deep`` runs both cases on both layouts.  The
-# namespace both layouts share is one function (vllm_adapter.tier_options.namespace_digest).
+# namespace both layouts share is one function (vllm_adapter.disk.options.namespace_digest).
 LAYOUTS_SHARED = ("per_chunk", "packed") if PROFILE == "deep" else ("packed",)
 LAYOUTS_APART = ("per_chunk", "packed") if PROFILE == "deep" else ("per_chunk",)
 # The faults lane's model cases (test_tiered_faults.py's MODEL_CASES): 600-token prompts.

@@ -1,9 +1,9 @@
-"""The packed tier's key index and its per-job file I/O (:mod:`vllm_adapter.packed_file`'s layout).
+"""The packed tier's key index and its per-job file I/O (:mod:`vllm_adapter.disk.packed_file`'s layout).
 
 :class:`PackedIndex` answers which packed file and section holds each key;
 :func:`store_packed_file` writes one store job's keys as one packed file and
 :func:`load_packed_files` loads a job's keys, each file it needs opened once.
-:class:`vllm_adapter.safe_fs.KvchunkFileTierManager` calls both through its own
+:class:`vllm_adapter.disk.tier.KvchunkFileTierManager` calls both through its own
 module's names (the conformance lanes wrap them there).
 """
 
@@ -14,12 +14,12 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from vllm_adapter import packed_file as P
-from vllm_adapter.chunk_file import ChunkFileError, ChunkIO, _slices
+from vllm_adapter.disk import packed_file as P
+from vllm_adapter.disk.chunk_file import ChunkFileError, ChunkIO, _slices
 
 __all__ = ["PackedIndex", "load_packed_files", "store_packed_file"]
 
-logger = logging.getLogger("vllm_adapter.safe_fs")
+logger = logging.getLogger("vllm_adapter.disk.tier")
 
 
 class PackedIndex:

@@ -1,11 +1,11 @@
-"""The codec of the values inside a root ledger's JSON records (:mod:`vllm_adapter.root_ledger`).
+"""The codec of the values inside a root ledger's JSON records (:mod:`vllm_adapter.disk.ledger`).
 
 Keys are hex strings (:func:`_hex`); a prefix-structure
 :class:`~reference.prefix_structure.Fragment` is ``{"parents": [[key, parent or null],
 ...], "boundaries": [[key, [full keys], [window keys]], ...]}`` (:func:`_fragment_json`,
 read back by :func:`_fragment_of`); a record's writer (``"owner"``) is ``[host, pid]``,
 and :func:`_alive` says whether it may still be writing.  The records themselves (``op``
-and its fields) are :class:`~vllm_adapter.root_ledger.RootLedger`'s.  What these helpers
+and its fields) are :class:`~vllm_adapter.disk.ledger.RootLedger`'s.  What these helpers
 write is in every ledger on disk: they change only with the journal's format.
 """
 

@@ -11,7 +11,7 @@ the job's keys so).  The header is, little-endian::
                           | payload checksum (16) | key (key length)
 
 The header digest is BLAKE3 (16 bytes) over the fixed fields and the index; the
-payload checksums use the tier's algorithm (:data:`vllm_adapter.chunk_file.CHECKSUMS`).
+payload checksums use the tier's algorithm (:data:`vllm_adapter.disk.chunk_file.CHECKSUMS`).
 
 **Store** (:func:`store_packed`): every payload is hashed, then header and
 payloads go to a unique temporary name in one vectored write, which is renamed
@@ -55,7 +55,7 @@ from reference.packed import (
     header_bytes,
     page_round,
 )
-from vllm_adapter.chunk_file import (
+from vllm_adapter.disk.chunk_file import (
     CHECKSUMS,
     O_DIRECT,
     ChunkFileError,

@@ -3,7 +3,7 @@
 :func:`geometry` is everything that decides the bytes of a chunk file (or a packed
 section), and :func:`namespace_digest` its BLAKE3 digest, which names the tier's
 namespace directory (``<root_dir>/kvchunk-v<version>-<digest>/``, see
-:mod:`vllm_adapter.safe_fs`).  :func:`check_tier_options`, :func:`usable_root` and
+:mod:`vllm_adapter.disk.tier`).  :func:`check_tier_options`, :func:`usable_root` and
 :func:`kvchunk_tier_configs` check a ``secondary_tiers`` entry before vLLM sees it: every
 bad value is a ``ValueError`` naming the key and a valid value.
 """
@@ -16,10 +16,16 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_adapter import disk_budget as DB
 from vllm_adapter import names
-from vllm_adapter import packed_file as P
-from vllm_adapter.chunk_file import BAD_FILE_POLICIES, CHECKSUM, CHECKSUMS, FORMAT_VERSION, digest
+from vllm_adapter.disk import budget as DB
+from vllm_adapter.disk import packed_file as P
+from vllm_adapter.disk.chunk_file import (
+    BAD_FILE_POLICIES,
+    CHECKSUM,
+    CHECKSUMS,
+    FORMAT_VERSION,
+    digest,
+)
 
 __all__ = [
     "DEFAULT_LAYOUT",
@@ -118,7 +124,7 @@ TIER_KEYS = (
     "locality", "backpressure", "layout", "checksum", "bad_files", "fsync",
     DB.DISK_BYTES_KEY, "eviction",
 )
-"""The options of a kvchunk file tier: vLLM's fs tier's, and :mod:`safe_fs`'s own."""
+"""The options of a kvchunk file tier: vLLM's fs tier's, and kvchunk's own."""
 LAYOUTS = ("per_chunk", "packed")
 DEFAULT_LAYOUT = "per_chunk"
 MAX_THREADS = 256

@@ -1,7 +1,7 @@
 """The ledger of one ``root_dir``: the model every engine writing there shares.
 
 The design (a journal under an ``flock``, replayed by every engine before it decides),
-its bound and its crash handling are :mod:`vllm_adapter.disk_budget`'s docstring; this
+its bound and its crash handling are :mod:`vllm_adapter.disk.budget`'s docstring; this
 module is the mechanism.  It is one class, :class:`RootLedger`: the model (the
 reference's :class:`~reference.eviction.Disk` per namespace, paths, writers, recency on
 one clock), the journal it is replayed from, and the operations a tier calls (reserve,
@@ -23,8 +23,8 @@ from typing import Any
 from reference.eviction import Disk, EvictionRule, _File
 from reference.knobs import Chunking
 from reference.prefix_structure import PrefixStructure
-from vllm_adapter.counters import Counters
-from vllm_adapter.ledger_journal import _alive, _fragment_json, _fragment_of, _hex
+from vllm_adapter.disk.counters import Counters
+from vllm_adapter.disk.journal import _alive, _fragment_json, _fragment_of, _hex
 
 __all__ = ["COMPACT_MIN_BYTES", "LEDGER_FILE", "LOCK_FILE", "BudgetCounters", "RootLedger"]
 

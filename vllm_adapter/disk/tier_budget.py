@@ -1,4 +1,4 @@
-"""What a kvchunk file tier does with its root's byte budget (:mod:`vllm_adapter.disk_budget`).
+"""What a kvchunk file tier does with its root's byte budget (:mod:`vllm_adapter.disk.budget`).
 
 :class:`TierBudget` is the tier's side: absolute paths in, ledger paths (relative to
 the root) inside; the request's prefix structure from vLLM's ``ReqContext`` (the end
@@ -16,7 +16,7 @@ from typing import Any
 
 from reference.eviction import EvictionRule
 from reference.knobs import Chunking
-from vllm_adapter.disk_budget import BudgetCounters, RootLedger
+from vllm_adapter.disk.budget import BudgetCounters, RootLedger
 
 __all__ = ["POLL_SECONDS", "TierBudget", "key_positions"]
 

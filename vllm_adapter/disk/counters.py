@@ -1,7 +1,7 @@
 """The base of a tier's counters: named counts, added to under one lock.
 
-:class:`~vllm_adapter.chunk_file.TierCounters` (what a file tier did) and
-:class:`~vllm_adapter.root_ledger.BudgetCounters` (what its root's budget did) declare
+:class:`~vllm_adapter.disk.chunk_file.TierCounters` (what a file tier did) and
+:class:`~vllm_adapter.disk.ledger.BudgetCounters` (what its root's budget did) declare
 their fields on top of :class:`Counters`.
 """
 

@@ -12,8 +12,8 @@ scheduler's each step; the frontend feeds it to ``OffloadPromMetrics.observe``
 
 In that payload a counter observation is an *increment* (``aggregate`` sums them,
 Prometheus ``inc``s them) and a gauge observation a snapshot (``aggregate`` keeps
-the latest, Prometheus ``set``s it).  kvchunk's :class:`~vllm_adapter.chunk_file.TierCounters`
-and :meth:`~vllm_adapter.budgeted_tier.TierBudget.snapshot` are cumulative, so
+the latest, Prometheus ``set``s it).  kvchunk's :class:`~vllm_adapter.disk.chunk_file.TierCounters`
+and :meth:`~vllm_adapter.disk.tier_budget.TierBudget.snapshot` are cumulative, so
 :class:`TierStats` reports each counter's change since its previous call.
 
 Names follow vLLM's tier metrics (``vllm:kv_offload_tiering_<what>``, KVCR's
@@ -32,8 +32,8 @@ from typing import Any
 
 from vllm_adapter import names
 from vllm_adapter import vllm_api as V
-from vllm_adapter.budgeted_tier import TierBudget
-from vllm_adapter.chunk_file import TierCounters
+from vllm_adapter.disk.chunk_file import TierCounters
+from vllm_adapter.disk.tier_budget import TierBudget
 
 __all__ = [
     "BUDGET_COUNTERS",
@@ -78,7 +78,7 @@ TIER_COUNTERS: dict[str, str] = {
         "Temporary files of dead writers the kvchunk file tier removed when it started."
     ),
 }
-"""Counters from :class:`~vllm_adapter.chunk_file.TierCounters` (``bad_files``: its
+"""Counters from :class:`~vllm_adapter.disk.chunk_file.TierCounters` (``bad_files``: its
 per-reason ``Counter``, summed)."""
 
 BUDGET_COUNTERS: dict[str, str] = {
@@ -95,7 +95,7 @@ BUDGET_COUNTERS: dict[str, str] = {
     "orphans_removed": "Files without a ledger entry this kvchunk file tier removed.",
     "reservations_reclaimed": "Reservations of dead writers this kvchunk file tier failed.",
 }
-"""Counters from :meth:`~vllm_adapter.budgeted_tier.TierBudget.snapshot` (this tier's)."""
+"""Counters from :meth:`~vllm_adapter.disk.tier_budget.TierBudget.snapshot` (this tier's)."""
 
 GAUGES: dict[str, str] = {
     "disk_budget_bytes": "The kvchunk file tier's root's byte budget, in bytes.",
@@ -109,7 +109,7 @@ GAUGES: dict[str, str] = {
         "must be 0 (sampled at most every 10 s)."
     ),
 }
-"""Gauges from :meth:`~vllm_adapter.budgeted_tier.TierBudget.snapshot` (``stranded_bytes``
+"""Gauges from :meth:`~vllm_adapter.disk.tier_budget.TierBudget.snapshot` (``stranded_bytes``
 only when asked for)."""
 
 

@@ -68,7 +68,7 @@ from typing import Any
 import blake3
 import xxhash
 
-from vllm_adapter.counters import Counters
+from vllm_adapter.disk.counters import Counters
 
 __all__ = [
     "BAD_FILE_POLICIES",
@@ -92,7 +92,7 @@ __all__ = [
     "sweep_stale_temps",
 ]
 
-logger = logging.getLogger("vllm_adapter.safe_fs")
+logger = logging.getLogger("vllm_adapter.disk.tier")
 
 FORMAT_VERSION = 1
 MAGIC = b"KVCHUNK\x00"

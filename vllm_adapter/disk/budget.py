@@ -44,7 +44,7 @@ from typing import Any
 from reference.eviction import EvictionRule
 from reference.geometry import Geometry, GroupKind, KVGroup
 from reference.knobs import BlocksPerChunk, Chunking, resolve
-from vllm_adapter.root_ledger import LEDGER_FILE, LOCK_FILE, BudgetCounters, RootLedger
+from vllm_adapter.disk.ledger import LEDGER_FILE, LOCK_FILE, BudgetCounters, RootLedger
 
 __all__ = [
     "DISK_BYTES_KEY",

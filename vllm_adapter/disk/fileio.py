@@ -1,0 +1,48 @@
+"""The tier's file I/O as one object: every file the tier reads or writes goes through it.
+
+:class:`~vllm_adapter.disk.tier.KvchunkFileTierManager` builds one per tier from its
+class attribute ``file_io_factory`` and calls files only through it, so a test wraps
+this object (``conformance/harness/safe_fs_faults.py``'s probes) to count calls or inject
+faults; a call moved inside the tier still goes through the object, and a probe that
+saw no call says so (its counts stay zero).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from vllm_adapter.disk import chunk_file as C
+from vllm_adapter.disk import packed_file as P
+from vllm_adapter.disk import packed_io as PIO
+
+__all__ = ["TierFileIO"]
+
+
+class TierFileIO:
+    """The default file I/O: :mod:`~vllm_adapter.disk.chunk_file`'s and
+    :mod:`~vllm_adapter.disk.packed_io`'s functions, unchanged."""
+
+    def store_chunks(self, paths: Sequence[str], key_ids: Sequence[bytes], view: memoryview,
+                     offsets: Sequence[int], size: int, io: C.ChunkIO) -> None:
+        """Per-chunk layout: one chunk file per key (:func:`~.chunk_file.batch_store_chunks`)."""
+        C.batch_store_chunks(list(paths), list(key_ids), view, list(offsets), size, io)
+
+    def load_chunks(self, paths: Sequence[str], key_ids: Sequence[bytes], view: memoryview,
+                    offsets: Sequence[int], size: int, io: C.ChunkIO) -> None:
+        """Per-chunk layout: a job's chunk files, verified (:func:`~.chunk_file.batch_load_chunks`)."""
+        C.batch_load_chunks(list(paths), list(key_ids), view, list(offsets), size, io)
+
+    def store_packed(self, path: str, keys: Sequence[bytes], view: memoryview,
+                     offsets: Sequence[int], size: int, io: C.ChunkIO) -> tuple[P.Section, ...]:
+        """Packed layout: one file of a store job's keys; the sections written."""
+        return PIO.store_packed_file(path, keys, view, offsets, size, io)
+
+    def load_packed(self, index: PIO.PackedIndex, keys: Sequence[Any], view: memoryview,
+                    offsets: Sequence[int], size: int, io: C.ChunkIO) -> None:
+        """Packed layout: a job's keys from the files the index names."""
+        PIO.load_packed_files(index, keys, view, offsets, size, io)
+
+    def read_packed_header(self, path: str, io: C.ChunkIO) -> P.PackedHeader:
+        """Packed layout: a file's verified header (its sections), for the index."""
+        return P.read_packed_index(path, io.namespace, io.checksum)
