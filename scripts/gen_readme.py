@@ -11,6 +11,9 @@ and this script is what writes them; the prose around them is hand-written.  Two
   "not measured", never an error), the target verdicts of :data:`conformance.bench.TARGETS`
   on those rows, and ``reports/bench.md`` for the one fact the JSON does not record (which
   payload checksum the checksummed-tier table ran with);
+* **report** regions: the mutation score of ``reports/conformance-<release>.md``, one report
+  per supported release (the meta lane's "Score (caught by assertion / non-equivalent
+  mutants)" line and its survivors; a report or a score missing is "not measured");
 * **cli** regions: :data:`SAMPLES`, each run through the CLI in-process (its parser,
   :func:`vllm_adapter.cli.validate`, :func:`~vllm_adapter.cli.plan`,
   :func:`~vllm_adapter.cli.render`, i.e. ``main`` without the process) on the stored model
@@ -52,6 +55,7 @@ from vllm_adapter.release_list import SUPPORTED_RELEASES  # noqa: E402
 README = ROOT / "README.md"
 BENCH_JSON = ROOT / "reports" / "bench.json"
 BENCH_MD = ROOT / "reports" / "bench.md"
+REPORTS = ROOT / "reports"
 
 REGION = re.compile(
     r"<!-- generated:(?P<name>[\w-]+) -->(?P<body>.*?)<!-- /generated:(?P=name) -->", re.S
@@ -443,6 +447,71 @@ def bench_regions(bench: Mapping[str, Any], bench_md: str) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------
+# report regions
+# ---------------------------------------------------------------------------
+
+_SCORE = re.compile(
+    r"^Score \(caught by assertion / non-equivalent mutants\): (?P<caught>\d+)/(?P<scored>\d+)\b",
+    re.M,
+)
+_NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
+def mutation_score(report_md: str) -> tuple[int, int, list[str]] | None:
+    """The meta lane's score in a conformance report (``conformance/report.py``
+    ``mutation_section``): (caught by assertion, non-equivalent mutants, the survivors'
+    reasons), or None when the report has no score."""
+    m = _SCORE.search(report_md)
+    if m is None:
+        return None
+    rest = report_md[m.end():].split("\n## ", 1)[0]
+    survivors = re.findall(r"^- `[\w-]+`: (.*)$", rest, re.M)
+    return int(m["caught"]), int(m["scored"]), survivors
+
+
+def load_conformance_reports() -> dict[str, str]:
+    """``reports/conformance-<release>.md`` per supported release ("" where there is none)."""
+    out = {}
+    for release in SUPPORTED_RELEASES:
+        path = REPORTS / f"conformance-{release}.md"
+        out[release] = path.read_text() if path.exists() else ""
+    return out
+
+
+def _mutation_region(reports: Mapping[str, str]) -> str:
+    scores = {release: mutation_score(md) for release, md in reports.items()}
+    files = ", ".join(f"`reports/conformance-{r}.md`" for r in reports)
+    if any(s is None for s in scores.values()):
+        missing = ", ".join(f"vLLM {r}" for r, s in scores.items() if s is None)
+        return f"{NOT_MEASURED} in {files} ({missing} has no score)"
+    measured = {r: s for r, s in scores.items() if s is not None}
+    pairs = {(c, n) for c, n, _ in measured.values()}
+    if len(pairs) == 1:
+        ((caught, scored),) = pairs
+        where = "both releases" if len(measured) == 2 else "every release"
+        text = f"{caught} of {scored} on {where} ({files})"
+    else:
+        text = "; ".join(f"{c} of {n} on vLLM {r}" for r, (c, n, _) in measured.items())
+        text += f" ({files})"
+    survivors = measured[list(measured)[-1]][2]  # the newest release's
+    n = len(survivors)
+    if n == 0:
+        return text + "; every mutant is caught"
+    count = _NUMBER_WORDS[n] if n < len(_NUMBER_WORDS) else str(n)
+    noun = "survivor" if n == 1 else "survivors"
+    if all("assert" in reason for reason in survivors):
+        verb = "only makes" if n == 1 else "only make"
+        return f"{text}; the {count} {noun} {verb} vLLM's own code assert before any answer differs"
+    named = "is named" if n == 1 else "are named"
+    return f"{text}; the {count} {noun} {named} in the reports with why"
+
+
+def report_regions(reports: Mapping[str, str]) -> dict[str, str]:
+    """The report regions' bodies from ``reports/conformance-<release>.md``."""
+    return {"meta-mutation-score": _mutation_region(reports)}
+
+
+# ---------------------------------------------------------------------------
 # cli regions
 # ---------------------------------------------------------------------------
 
@@ -640,6 +709,7 @@ def load_bench() -> tuple[dict[str, Any], str]:
 
 def generate(*, cli: bool = True) -> dict[str, str]:
     bodies = bench_regions(*load_bench())
+    bodies.update(report_regions(load_conformance_reports()))
     if cli:
         bodies.update(cli_regions())
     return bodies

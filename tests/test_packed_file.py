@@ -66,16 +66,60 @@ def test_one_file_holds_every_key_page_aligned_and_sized_as_the_reference_says(t
     assert [p.name for p in tmp_path.iterdir()] == ["f.kvp"], "a temporary file was left"
 
 
-def test_a_load_opens_the_file_once_and_reads_adjacent_sections_in_one_call(tmp_path: Path) -> None:
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
+    """Every open and read system call the packed module makes from here on: (call,
+    offset, bytes asked for); ``os.open``, ``os.read`` and ``os.readv`` have no offset (-1)."""
+    calls: list[tuple[str, int, int]] = []
+    real = {name: getattr(os, name) for name in ("open", "preadv", "pread", "readv", "read")}
+
+    def open_(path: str, flags: int, *a: int, **kw: int) -> int:
+        calls.append(("open", -1, -1))
+        return real["open"](path, flags, *a, **kw)
+
+    def preadv(fd: int, buffers: list[memoryview], offset: int, *a: int) -> int:
+        calls.append(("preadv", offset, sum(len(memoryview(b)) for b in buffers)))
+        return real["preadv"](fd, buffers, offset, *a)
+
+    def pread(fd: int, n: int, offset: int) -> bytes:
+        calls.append(("pread", offset, n))
+        return real["pread"](fd, n, offset)
+
+    def readv(fd: int, buffers: list[memoryview]) -> int:
+        calls.append(("readv", -1, sum(len(memoryview(b)) for b in buffers)))
+        return real["readv"](fd, buffers)
+
+    def read(fd: int, n: int) -> bytes:
+        calls.append(("read", -1, n))
+        return real["read"](fd, n)
+
+    assert P.os is os, "packed_file calls the os module's functions"
+    for name, fn in (("open", open_), ("preadv", preadv), ("pread", pread), ("readv", readv),
+                     ("read", read)):
+        monkeypatch.setattr(os, name, fn)
+    return calls
+
+
+def test_a_load_opens_the_file_once_and_reads_adjacent_sections_in_one_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted at the system calls: one open, one read of the header page, then one
+    ``preadv`` per run of adjacent wanted sections, spanning the run."""
     path, data = _store(tmp_path)
+    offsets = [R.PAGE + i * ROW for i in range(4)]
+    calls = _count_reads(monkeypatch)
     io = _io()
     failed, got = _load(path, [KEYS[1], KEYS[2]], io)
     assert not failed and got == {KEYS[1]: data[1], KEYS[2]: data[2]}
+    assert calls == [("open", -1, -1), ("preadv", 0, R.PAGE),
+                     ("preadv", offsets[1], 2 * ROW)], calls
     assert (io.counters.files_opened, io.counters.reads, io.counters.sections_loaded) == (1, 1, 2)
+    calls.clear()
     io = _io()
     failed, got = _load(path, [KEYS[3], KEYS[0]], io)
     assert not failed and got == {KEYS[0]: data[0], KEYS[3]: data[3]}
-    assert (io.counters.files_opened, io.counters.reads) == (1, 2), "sections 0 and 3 are not adjacent"
+    assert calls == [("open", -1, -1), ("preadv", 0, R.PAGE), ("preadv", offsets[0], ROW),
+                     ("preadv", offsets[3], ROW)], f"sections 0 and 3 are not adjacent: {calls}"
+    assert (io.counters.files_opened, io.counters.reads) == (1, 2)
     assert io.counters.sections_loaded_per_group == {0: 1, 1: 1}
 
 
@@ -181,13 +225,85 @@ def test_a_large_job_header_spans_pages_and_every_key_round_trips(tmp_path: Path
 
 @pytest.mark.parametrize("fixed_bytes", [8, 40])
 def test_a_file_shorter_than_a_header_fails_every_key(tmp_path: Path, fixed_bytes: int) -> None:
+    """8 or 40 bytes: less than the fixed header (56 bytes), so the file is short (``size``),
+    not a header that fails its digest; it is deleted."""
     path, _ = _store(tmp_path)
     os.truncate(path, fixed_bytes)
-    failed, _ = _load(path, KEYS[:1], _io())
-    assert failed[KEYS[0]] in ("size", "header")
+    io = _io()
+    failed, _ = _load(path, KEYS[:2], io)
+    assert failed == {KEYS[0]: "size", KEYS[1]: "size"}
+    assert io.counters.bad_files == {"size": 1} and not os.path.exists(path)
 
 
-def test_the_fixed_header_matches_the_reference_sizes() -> None:
-    assert P._FIXED.size + R.DIGEST_BYTES == R.FIXED_HEADER_BYTES
-    assert P._ENTRY.size == R.ENTRY_FIXED_BYTES
+def _le(raw: bytes, at: int, n: int) -> int:
+    return int.from_bytes(raw[at : at + n], "little")
+
+
+def test_a_written_header_has_the_reference_layout_byte_for_byte(tmp_path: Path) -> None:
+    """The header of a real file, measured against :mod:`reference.packed`'s layout (its
+    docstrings' field widths and :data:`~reference.packed.FIXED_HEADER_BYTES` /
+    :data:`~reference.packed.ENTRY_FIXED_BYTES`), not against the module's own structs:
+    each fixed field where the layout puts it, the header digest (BLAKE3, 16 bytes) over
+    the fixed fields and the index, each index entry ``ENTRY_FIXED_BYTES`` plus its key
+    long, its fields in the documented order, and zeros to the page-rounded end."""
+    import blake3
+    import xxhash
+
+    keys = [_key(1, 0), _key(1, 1)[:20], _key(2, 3)]  # keys of two lengths
+    sizes = [ROW, R.PAGE + 100, R.PAGE]
+    payloads = [memoryview(bytearray(os.urandom(n))) for n in sizes]
+    path = str(tmp_path / "f.kvp")
+    P.store_packed(path, keys, payloads, _io())
+    raw = Path(path).read_bytes()
+    head = R.header_bytes([len(k) for k in keys])
+    index = sum(R.ENTRY_FIXED_BYTES + len(k) for k in keys)
+    fixed = R.FIXED_HEADER_BYTES - R.DIGEST_BYTES
+    assert fixed == 8 + 2 + 2 + 4 + 4 + 4 + 16
+    assert raw[:8] == b"KVCPACK\0"
+    assert (_le(raw, 8, 2), _le(raw, 10, 2)) == (P.FORMAT_VERSION, C.CHECKSUMS[C.CHECKSUM])
+    assert (_le(raw, 12, 4), _le(raw, 16, 4), _le(raw, 20, 4)) == (head, len(keys), index)
+    assert raw[24:40] == NS
+    blake = blake3.blake3(raw[:fixed] + raw[R.FIXED_HEADER_BYTES : R.FIXED_HEADER_BYTES + index])
+    assert raw[fixed : R.FIXED_HEADER_BYTES] == blake.digest(R.DIGEST_BYTES)
+    at = R.FIXED_HEADER_BYTES
+    offsets = R.section_offsets(sizes, [len(k) for k in keys])
+    assert C.CHECKSUM == "xxh3-128"
+    for key, size, offset, payload in zip(keys, sizes, offsets, payloads, strict=True):
+        assert _le(raw, at, 2) == len(key)
+        assert _le(raw, at + 2, 4) == P.group_of_key(key)
+        assert (_le(raw, at + 6, 8), _le(raw, at + 14, 8)) == (offset, size)
+        assert raw[at + 22 : at + 38] == xxhash.xxh3_128(bytes(payload)).digest()
+        assert raw[offset : offset + size] == payload
+        assert raw[at + R.ENTRY_FIXED_BYTES : at + R.ENTRY_FIXED_BYTES + len(key)] == key
+        at += R.ENTRY_FIXED_BYTES + len(key)
+    assert at == R.FIXED_HEADER_BYTES + index
+    assert raw[at:head] == bytes(head - at), "the header's padding is not zeros"
+    assert len(raw) == R.packed_file_bytes(sizes, [len(k) for k in keys])
+
+
+@pytest.mark.parametrize("constant", ["FIXED_HEADER_BYTES", "ENTRY_FIXED_BYTES"])
+def test_the_module_refuses_to_import_when_its_structs_differ_from_the_reference(
+    monkeypatch: pytest.MonkeyPatch, constant: str
+) -> None:
+    """The import-time check (``packed_file`` asserts its structs' sizes against the
+    reference's constants): the module imported afresh under a reference that says one
+    byte more fails; under the reference as it is, it imports."""
+    import importlib.util
+    import sys
+
+    def fresh_import() -> None:
+        spec = importlib.util.spec_from_file_location("_packed_file_probe", P.__file__)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, spec.name, module)
+        spec.loader.exec_module(module)
+
+    fresh_import()
+    monkeypatch.setattr(R, constant, getattr(R, constant) + 1)
+    with pytest.raises(AssertionError):
+        fresh_import()
+
+
+def test_read_runs_counts_runs_of_consecutive_positions() -> None:
     assert R.read_runs([0, 1, 2, 5]) == 2 and R.read_runs([3]) == 1 and R.read_runs([]) == 0
+    assert R.read_runs([5, 0, 1, 1]) == 2, "unordered, repeated positions"

@@ -22,6 +22,7 @@ from vllm_adapter.names import (
     KVCHUNK_CONNECTOR_MODULE,
     KVCHUNK_TIERING_SPEC,
 )
+from vllm_adapter.units import parse_bytes
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 MODELS = ["google/gemma-4-31B-it", "deepseek-ai/DeepSeek-V4-Flash"]
@@ -93,7 +94,8 @@ def test_readme_disk_commands_use_kvchunks_checksummed_fs_tier() -> None:
         assert tier["root_dir"].startswith("/")
         assert set(tier) - {"type"} <= FS_TIER_PARAMETERS | {"disk_bytes_to_use"}
         budget = tier.get("disk_bytes_to_use")  # #25: an unbounded disk tier refuses to start
-        assert isinstance(budget, int) and not isinstance(budget, bool) and budget > 0, tier
+        # A size string the tier takes (#29: "100GiB" starts on most machines), not 2 TB.
+        assert isinstance(budget, str) and parse_bytes(budget) == 100 << 30, tier
 
 
 @pytest.mark.parametrize("variant", [0, 1], ids=["cpu", "disk"])
@@ -205,6 +207,40 @@ def test_packed_rows_are_read_by_kind() -> None:
     with_row = dict(without, benchmarks=[*without["benchmarks"], {"extra_info": row}])
     text = gen.bench_regions(with_row, bench_md)["bench-results"]
     assert "files written <= 1/4" in text and "**missed** (0 met, 0 inconclusive, 1 missed of 1)" in text
+
+
+def test_mutation_score_sentence_says_what_the_reports_say() -> None:
+    """The meta bullet's score is each release's report's "Score (caught by assertion /
+    non-equivalent mutants)" line, read back here without the generator's parser."""
+    gen = _gen()
+    reports = gen.load_conformance_reports()
+    bodies = gen.report_regions(reports)
+    assert not gen.stale(README.read_text(), bodies), _stale_message(gen, bodies)
+    text = gen.read_regions(README.read_text())["meta-mutation-score"]
+    for release, md in reports.items():
+        line = next(x for x in md.splitlines() if x.startswith("Score (caught by assertion"))
+        caught, scored = line.split(": ", 1)[1].split(" ")[0].split("/")
+        assert f"{caught} of {scored}" in text, (release, line, text)
+        assert f"`reports/conformance-{release}.md`" in text
+
+
+def test_mutation_score_of_a_report_without_one_is_not_measured() -> None:
+    gen = _gen()
+    reports = gen.load_conformance_reports()
+    newest = list(reports)[-1]
+    text = gen.report_regions({**reports, newest: "# no meta lane ran\n"})["meta-mutation-score"]
+    assert text.startswith(gen.NOT_MEASURED) and f"vLLM {newest} has no score" in text, text
+
+
+def test_mutation_scores_that_differ_are_given_per_release() -> None:
+    gen = _gen()
+    md = ("Score (caught by assertion / non-equivalent mutants): {}/70 (passed)\n\n"
+          "Not caught by an assertion:\n\n- `a`: vLLM asserts first\n\n## Next\n\n- `b`: x\n")
+    text = gen.report_regions({"0.1.0": md.format(66), "0.2.0": md.format(65)})[
+        "meta-mutation-score"]
+    assert text.startswith("66 of 70 on vLLM 0.1.0; 65 of 70 on vLLM 0.2.0 ("), text
+    assert text.endswith("; the one survivor only makes vLLM's own code assert before any "
+                         "answer differs"), text
 
 
 _PERFORMANCE_FIGURE = re.compile(

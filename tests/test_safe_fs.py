@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import blake3
 import pytest
+import xxhash
 
 from conformance.testing.requires import require_vllm  # noqa: E402
 
@@ -169,7 +171,7 @@ def test_bad_tier_config_is_a_value_error_naming_the_key(tier: Any, match: str) 
     "extra, match",
     [
         ({}, "'disk_bytes_to_use' in secondary_tiers\\[0\\] .*is required.*e.g. \\d+"),
-        ({"disk_bytes_to_use": "100GB"}, "'disk_bytes_to_use'.*number of bytes.*e.g. \\d+"),
+        ({"disk_bytes_to_use": "1e11"}, "'disk_bytes_to_use'.*number of bytes.*e.g. \\d+"),
         ({"disk_bytes_to_use": 0}, "'disk_bytes_to_use'.*positive.*e.g. \\d+"),
         ({"disk_bytes_to_use": -5}, "'disk_bytes_to_use'.*positive.*e.g. \\d+"),
         ({"disk_bytes_to_use": 1 << 80}, "'disk_bytes_to_use'.*larger than the file system.*e.g."),
@@ -336,13 +338,26 @@ def test_a_large_payload_round_trips_and_any_segment_bit_fails(tmp_path: Path, w
     assert _load(path, io, size=LARGE) == data
 
 
-def test_a_large_payload_digest_equals_the_one_shot_digest(tmp_path: Path) -> None:
-    """Hashing segment by segment beside the I/O gives the digest of the whole payload."""
+ONE_SHOT = {
+    "xxh3-128": lambda data: xxhash.xxh3_128(data).digest(),
+    "blake3": lambda data: blake3.blake3(data).digest(16),
+}
+"""Each payload checksum computed in one call by its library (not by the tier's helpers)."""
+
+
+@pytest.mark.parametrize("checksum", sorted(ONE_SHOT))
+def test_a_large_payload_digest_equals_the_one_shot_digest(tmp_path: Path, checksum: str) -> None:
+    """Hashing segment by segment beside the I/O gives the digest of the whole payload, as
+    the checksum's own library computes it in one call, where the header keeps it: after
+    magic (8), version (2), checksum id (2), header size (4), payload length (8), namespace
+    (16) and key (16)."""
+    assert set(ONE_SHOT) == set(C.CHECKSUMS)
     data = os.urandom(LARGE)
     path = tmp_path / "big.bin"
-    S.store_chunk(str(path), memoryview(bytearray(data)), KEY, S.ChunkIO(namespace=NS))
+    S.store_chunk(str(path), memoryview(bytearray(data)), KEY,
+                  S.ChunkIO(namespace=NS, checksum=checksum))
     header = path.read_bytes()[: S.HEADER_SIZE]
-    assert C.payload_digest(C.CHECKSUM, data) in header
+    assert header[56:72] == ONE_SHOT[checksum](data)
 
 
 def test_stale_temporary_files_are_swept_fresh_ones_and_chunks_kept(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ their recomputed chunks were stored again).
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from conformance.harness import packed_faults as PF  # noqa: E402
 from conformance.harness import safe_fs_faults as SF  # noqa: E402
 from conformance.harness import tiered as T  # noqa: E402
 from conformance.protocol.trace import RequestSpec  # noqa: E402
-from vllm_adapter.disk import tier as S  # noqa: E402
+from vllm_adapter.disk import budget as DB  # noqa: E402
 
 pytestmark = pytest.mark.faults
 
@@ -148,18 +149,26 @@ def test_packed_restart_rebuilds_the_index_and_serves_from_files(
     assert probe.files_written == 0, f"the restarted engine rewrote what it loaded: {summary}"
 
 
+@pytest.mark.parametrize("limit", [1024, 8192], ids=["ledger-full-at-once", "ledger-full-later"])
 def test_packed_full_disk_drops_the_store_cleanly(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, record_property: Any
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, record_property: Any, limit: int
 ) -> None:
+    """Every write past ``limit`` bytes of a file fails (``RLIMIT_FSIZE``): every packed
+    file (12 KiB and more here) and the ledger's appends, its first one (1 KiB) or once its
+    first records are in (8 KiB).  The stores fail cleanly: nothing is loaded, nothing is
+    left on disk, the tier indexes nothing, and the ledger, the tier's and one replayed
+    afresh, holds no reservation still pending and exactly the files on disk (none),
+    every complete line of the journal a record."""
     import resource
 
     record_property("fixture", "synthetic-full")
     record_property("knob", "kvchunk packed fs tier, RLIMIT_FSIZE below one file")
     probe = SF.PackedProbe().install(monkeypatch)
     session, runner = T.open_session(_driver(tmp_path), 128)
+    tier = SF.tier_of(session)
     old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     old = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, old[1]))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, old[1]))
     try:
         rt = T.run_round_trip(session, runner, probe, tmp_path, prompt_len=PROMPT_LEN)
     finally:
@@ -167,11 +176,42 @@ def test_packed_full_disk_drops_the_store_cleanly(
         signal.signal(signal.SIGXFSZ, old_handler)
         T.shutdown(session)
     stats = rt.stats
-    summary = f"{stats.describe()}; store failures {probe.store_failures[:2]}"
-    assert probe.store_failures, f"no store failed under the size limit: {summary}"
+    failed = tier.counters.store_failures
+    summary = (f"{stats.describe()}; {failed} store jobs failed; packed writes failed "
+               f"{probe.store_failures[:2]}")
+    assert failed > 0, f"no store failed under the size limit: {summary}"
     assert not probe.loaded and not probe.load_failures, f"a refused store was loaded: {summary}"
     assert stats.corrupted_loads == 0 and all(rt.finished.values()), summary
     leftovers = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".tmp", ".kvp")]
     assert not leftovers, f"a failed store left files: {leftovers[:3]}"
-    assert not S.live_tiers() or all(len(t.index) == 0 for t in S.live_tiers()
-                                     if str(t.namespace_dir).startswith(str(tmp_path)))
+    assert len(tier.index) == 0, f"the tier indexed keys of failed stores: {len(tier.index)}"
+    records = _assert_ledger_matches_disk(tmp_path, tier.budget.ledger)
+    if limit > 1024:  # the ledger's first records fit: the packed files' own writes failed
+        assert records and probe.store_failures, f"{records} ledger records; {summary}"
+
+
+def _assert_ledger_matches_disk(root: Path, live: Any) -> int:
+    """The root's ledger, which ``RLIMIT_FSIZE`` truncates too: every complete line of the
+    journal is a record; the tier's ledger (``live``) and a fresh replay of the journal
+    hold no reservation still pending, and their files are exactly the packed files on
+    disk.  Returns the number of records."""
+    raw = (root / DB.LEDGER_FILE).read_bytes()
+    complete = raw[: raw.rfind(b"\n") + 1].splitlines()
+    torn = []
+    for n, line in enumerate(complete):
+        try:
+            json.loads(line)
+        except ValueError:
+            torn.append((n, line[:80]))
+    assert not torn, f"ledger lines that are not records (of {len(complete)}): {torn[:3]}"
+    fresh = DB.RootLedger(str(root), live.budget)
+    fresh.removed_since([])  # replays the journal
+    on_disk = {str(p.relative_to(root)) for p in SF.packed_files(root)}
+    for who, ledger in (("the tier's ledger", live), ("the journal replayed", fresh)):
+        files = ledger.files()
+        pending = sorted(p for p, written in files.items() if not written)
+        assert not pending, f"{who}: reservations left pending: {pending[:3]}"
+        assert set(files) == on_disk, (
+            f"{who} and the disk differ: only in the ledger {sorted(set(files) - on_disk)[:3]}, "
+            f"only on disk {sorted(on_disk - set(files))[:3]}")
+    return len(complete)

@@ -245,6 +245,24 @@ def _data_check(case_id: str) -> Check:
     return Check("data", f"test_synthetic_loads_carry_the_stored_bytes[{case_id}]", _DATA, run)
 
 
+# -- faults lane: failed stores of vLLM's fs tier -------------------------------------
+
+_STORE_FAILURE_CASES = ("enospc",)
+
+
+def _store_failure_check(fault: str) -> Check:
+    """``conformance/lanes/test_tiered_store_failures.py`` on vLLM's fs tier: a store that
+    fails is reported failed, never advertised, and leaves nothing behind (< 1 s)."""
+    def run(_: Mutant | None) -> None:
+        from conformance.harness.store_failures import run_checked
+
+        run_checked("vllm", fault)
+
+    deviation = deviations.find("vllm", "faults", f"fs-store-{fault}") is not None
+    return Check("faults", f"test_failed_store_is_never_advertised[vllm-{fault}]",
+                 ("tiering.fs.manager",), run, deviation)
+
+
 # -- the unit-test module ------------------------------------------------------------
 
 _UNITS = ("reference.rules", "reference.plan", "reference.keys", "reference.knobs")
@@ -299,6 +317,7 @@ def checks() -> tuple[Check, ...]:
         *(_eviction_check(c, i) for c in _EVICTION_CASES for i in range(n)),
         _fast_equals_spec_check(),
         *(_data_check(c) for c in _DATA_CASES),
+        *(_store_failure_check(f) for f in _STORE_FAILURE_CASES),
         *(_unit_check(name) for name, _ in unit_tests()),
         *_eviction_checks(),
     )

@@ -54,6 +54,16 @@ def _cpu_manager() -> types.ModuleType:
     return _module("kv_offload.cpu.manager")
 
 
+def _fs_tier() -> types.ModuleType:
+    from conformance.harness import vllm_harness_api as V
+
+    return V.fs_tier_module
+
+
+FS_STORE = "fs-tier store failures"
+"""A file-tier store that failed (full disk, I/O error, read-only root, a cut write)."""
+
+
 def _m(name: str, bug_class: str, fault: str, module: object, target: str,
        edits: tuple[Edit, ...], releases: str = "", equivalent: str | None = None) -> Mutant:
     edit = LineEdit(module, target, edits)  # type: ignore[arg-type]
@@ -193,6 +203,17 @@ MUTANTS: tuple[Mutant, ...] = (
        _worker, "OffloadingConnectorWorker.register_kv_caches",
        one("layer_kv_cache_spec.unpadded_page_size_bytes",
            "layer_kv_cache_spec.page_size_bytes")),
+    # -- the fs tier's failed stores -------------------------------------------------
+    _m("fs_store_failure_reported_done", FS_STORE,
+       "the fs tier's store task logs and swallows the OSError: a failed store reports done",
+       _fs_tier, "FileSystemTierManager.submit_store",
+       one("        self._pool.enqueue_store(job_metadata.job_id, 1, [task])",
+           "        def swallowing(store=task):\n"
+           "            try:\n"
+           "                store()\n"
+           "            except OSError as exc:\n"
+           "                logger.warning(\"store failed: %s\", exc)\n\n"
+           "        self._pool.enqueue_store(job_metadata.job_id, 1, [swallowing])")),
 )
 """Every vLLM-side mutant, in bug-class order."""
 
