@@ -297,6 +297,31 @@ class Disk:
                 return (fid,)
         return None
 
+    def next_victim(self, rule: EvictionRule) -> tuple[int, ...] | None:
+        """The unit ``rule`` evicts next (its files), or None when nothing may go; nothing
+        changes (a ledger that shares this model across engines removes the unit itself,
+        with :meth:`remove`, once its removal is recorded)."""
+        if rule is EvictionRule.LRU:
+            return self._lru_file()
+        unit = self._next_unit()
+        if unit is not None:
+            self._push_if_leaf(unit[0])  # _next_unit popped it from the heap of leaves
+        return unit
+
+    def restore(self, fid: int, file: _File) -> None:
+        """Put back a file that :meth:`remove` took (``file``: what ``files[fid]`` was),
+        with its id and use time."""
+        self._restore(fid, file)
+
+    def keep_keys(self, fid: int, keys: Sequence[bytes]) -> None:
+        """File ``fid`` now holds only ``keys`` (a subset of its keys: the others became
+        unservable), with its size, use time and state unchanged."""
+        f = self.files[fid]
+        if set(keys) - set(f.keys):
+            raise ValueError("keep_keys keeps a subset of the file's keys")
+        self.remove(fid)
+        self._restore(fid, _File(tuple(keys), f.nbytes, f.last_use, f.ready, f.pins))
+
     def evict_for(
         self, needed_bytes: int, budget: int, rule: EvictionRule
     ) -> list[tuple[int, tuple[bytes, ...]]] | None:

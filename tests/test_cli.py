@@ -677,12 +677,55 @@ def test_tiering_spec_emits_vllms_fs_secondary_tier() -> None:
         "no latency-bound model: the thread count would change nothing here")
 
 
+@pytest.mark.vllm
+@needs_vllm
+def test_kvchunk_tiering_spec_emits_a_complete_disk_config(tmp_path: Path) -> None:
+    """``--spec-name KvchunkTieringOffloadingSpec --fs-path DIR --disk-bytes 4GiB``: the
+    config kvchunk's disk tier serves with, as printed (table and json), loadable as is."""
+    import importlib
+
+    from conformance.harness import vllm_harness_api as V
+    from vllm_adapter.disk import options as TO
+    from vllm_adapter.disk.tier import KvchunkTieringOffloadingSpec
+    from vllm_adapter.names import KVCHUNK_TIERING_SPEC
+
+    root = str(tmp_path / "kv")
+    argv = [*GEMMA, "--block-size", "512", "--spec-name", "KvchunkTieringOffloadingSpec",
+            "--fs-path", root, "--disk-bytes", "4GiB"]
+    rc, out, err = run(argv)
+    assert rc == 0 and err == "", err
+    lines = out.splitlines()
+    config = json.loads(lines[lines.index("--kv-transfer-config:") + 1])
+    extra = config["kv_connector_extra_config"]
+    assert extra == {
+        "block_size": 512,
+        "spec_name": "KvchunkTieringOffloadingSpec",
+        "spec_module_path": "vllm_adapter.disk",
+        "secondary_tiers": [{"type": "fs", "root_dir": root, "disk_bytes_to_use": 4 << 30}],
+    }
+    assert {k: extra[k] for k in KVCHUNK_TIERING_SPEC} == KVCHUNK_TIERING_SPEC
+    assert doc(argv)["kv_transfer_config"] == config
+    # Loadable: vLLM parses it, its spec factory finds kvchunk's spec, the tier takes the entry.
+    V.KVTransferConfig(**config)
+    module = importlib.import_module(extra["spec_module_path"])
+    assert getattr(module, extra["spec_name"]) is KvchunkTieringOffloadingSpec
+    (tier,) = TO.kvchunk_tier_configs(extra["secondary_tiers"])
+    assert tier["disk_bytes_to_use"] == 4 << 30
+    # Without --disk-bytes the tier refuses to start: the output says to add it.
+    d = doc([*GEMMA, "--block-size", "512", "--spec-name", "KvchunkTieringOffloadingSpec",
+             "--fs-path", root])
+    assert d["files"]["fs_tier"] == {"type": "fs", "root_dir": root}
+    assert any('"disk_bytes_to_use"' in n and "--disk-bytes" in n for n in d["notes"]), d["notes"]
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
         ([*GEMMA, "--fs-path", "/mnt/kv"], "--fs-path needs --spec-name TieringOffloadingSpec"),
         ([*GEMMA, "--fs-read-threads", "4"], "--fs-read-threads needs --spec-name"),
         ([*GEMMA, "--spec-name", "TieringOffloadingSpec"], "give --fs-path DIR"),
+        ([*GEMMA, "--spec-name", "KvchunkTieringOffloadingSpec", "--disk-bytes", "4GiB"],
+         "--spec-name KvchunkTieringOffloadingSpec: give --fs-path DIR"),
         ([*GEMMA, "--spec-name", "Nope"], "invalid choice: 'Nope'"),
     ],
 )

@@ -44,7 +44,7 @@ class Engine:
 
     def __init__(self, root: Path, budget: int, rule: EvictionRule = EvictionRule.REACHABLE):
         self.root = root
-        self.ledger = DB.RootLedger(str(root), budget, rule)
+        self.ledger = DB.RootLedger(str(root), budget, rule, reserve=0)
         self.ledger.set_chunking(NS, CHUNKING)
 
     def store(self, tokens: Sequence[int], upto_chunk: int | None = None,
@@ -92,7 +92,7 @@ def _stranded(root: Path, ledger: DB.RootLedger, chains: list[list[bytes]]) -> f
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", [None, "lots", "1e12", "800GB", -1, 0, True, 1.5, 10, 1 << 80])
+@pytest.mark.parametrize("value", [None, "lots", "1e12", "800 gigabytes", -1, 0, True, 1.5, 10, 1 << 80])
 def test_a_bad_disk_bytes_to_use_is_a_value_error_naming_the_key_and_a_value(
     value: object, tmp_path: Path
 ) -> None:
@@ -155,16 +155,54 @@ def test_a_key_whose_parent_is_not_on_the_root_is_not_admitted(tmp_path: Path) -
         assert out is not None and (len(out) == 1) is admitted, (rule, out)
 
 
+def _chunk_keys(tokens: Sequence[int]) -> tuple[list[list[bytes]], dict[bytes, int]]:
+    """Each chunk's keys (its full-attention key, then its window key) and every key's end
+    token."""
+    chain = prefix_block_hashes(list(tokens), CHUNKING.tokens_per_hash)
+    full, window = (group_keys(chain, gc) for gc in CHUNKING.groups)
+    positions = {k: 32 * (i + 1) for keys in (full, window) for i, k in enumerate(keys)}
+    return [[f, w] for f, w in zip(full, window, strict=True)], positions
+
+
 def test_a_failed_store_takes_the_files_it_strands(tmp_path: Path) -> None:
+    """Chunk 0 is written; chunk 1's file is reserved, and chunk 2's file, admitted because
+    its parent (chunk 1) is reserved, is written; then chunk 1's write fails.  Chunk 2's
+    file is stranded (no lookup reaches it without chunk 1): it leaves the ledger and the
+    directory.  Chunk 0's file and another prompt's file stay."""
     e = Engine(tmp_path, 100 * FILE)
     tokens = list(range(96))
-    e.store(tokens, upto_chunk=1)  # chunk 0 (and its window)
-    out = e.store(tokens, upto_chunk=2, ok=False)  # chunk 1 fails
-    assert out is not None
-    later = e.store(tokens)  # chunk 2 again: its parent (chunk 1) is not on the root
-    chain = prefix_block_hashes(tokens, 16)
-    assert not _stranded(tmp_path, e.ledger, [chain])
-    assert later is not None
+    chunks, positions = _chunk_keys(tokens)
+    other = e.store(range(5000, 5064))
+    assert other is not None and len(other) == 1
+    names = {}
+
+    def reserve(i: int) -> str:
+        out = e.ledger.reserve(NS, [chunks[i]], lambda ks: f"{NS}/chunk{i}.kvp",
+                               lambda ks: FILE * len(ks), positions)
+        assert out == [(f"{NS}/chunk{i}.kvp", tuple(chunks[i]))], f"chunk {i}: {out}"
+        names[i] = out[0][0]
+        return names[i]
+
+    def write(path: str) -> None:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_bytes(b"\0" * (2 * FILE))
+
+    write(reserve(0))
+    assert e.ledger.complete([(names[0], True)]) == []
+    reserve(1)  # pending: its write fails below
+    write(reserve(2))
+    assert e.ledger.complete([(names[2], True)]) == []
+    assert e.ledger.files(NS) == {other[0][0]: True, names[0]: True, names[1]: False,
+                                  names[2]: True}
+    gone = e.ledger.complete([(names[1], False)])
+    assert names[2] in gone and set(gone) <= {names[1], names[2]}, gone
+    assert e.ledger.files(NS) == {other[0][0]: True, names[0]: True}
+    assert set(_on_disk(tmp_path)) == {other[0][0], names[0]}
+    fresh = Engine(tmp_path, 100 * FILE).ledger  # what the journal says
+    fresh.removed_since([])
+    assert fresh.files(NS) == e.ledger.files(NS)
+    chains = [prefix_block_hashes(list(t), 16) for t in (tokens, range(5000, 5064))]
+    assert not _stranded(tmp_path, e.ledger, chains)
 
 
 # ---------------------------------------------------------------------------
@@ -241,20 +279,34 @@ def test_a_restart_with_a_smaller_budget_evicts_before_serving(tmp_path: Path) -
     e = Engine(tmp_path, 10 * 4 * FILE)
     for i in range(4):
         e.store(range(1000 * i, 1000 * i + 64))
+    e.ledger.close()  # the restart: no engine runs on the old budget any more
     small = Engine(tmp_path, 2 * 4 * FILE)
     report = small.ledger.start(NS, _on_disk(tmp_path))
     assert report["evicted"] == 2 and sum(_on_disk(tmp_path).values()) <= 2 * 4 * FILE, report
 
 
 def test_compaction_keeps_the_model(tmp_path: Path) -> None:
+    """The journal is rewritten (a new file, the failed store's records gone) and replays to
+    the same files in the same recency, which reads made differ from the order written."""
     e = Engine(tmp_path, 10 * 4 * FILE)
+    written = []
     for i in range(6):
-        e.store(range(1000 * i, 1000 * i + 64))
+        out = e.store(range(1000 * i, 1000 * i + 64))
+        assert out is not None
+        written.append(out[0][0])
+    failed = e.store(range(9000, 9064), ok=False)
+    assert failed is not None and failed[0][0].encode() in (tmp_path / DB.LEDGER_FILE).read_bytes()
+    e.ledger.touch(written[:2])  # read: now the most recently used
+    e.ledger.removed_since([])  # (reads may be journaled at the next locked call)
     before = e.ledger.files()
     order = [e.ledger._spaces[NS].path_of[f] for f in e.ledger._spaces[NS].disk.lru_order()]
+    assert order == written[2:] + written[:2] and set(before) == set(written), order
     other = Engine(tmp_path, 10 * 4 * FILE)
+    inode = os.stat(tmp_path / DB.LEDGER_FILE).st_ino
     e.ledger.compact()
-    assert os.path.getsize(tmp_path / DB.LEDGER_FILE) > 0
+    journal = tmp_path / DB.LEDGER_FILE
+    assert os.stat(journal).st_ino != inode, "compact() did not rewrite the journal"
+    assert failed[0][0].encode() not in journal.read_bytes(), "the failed store's records stayed"
     other.ledger.removed_since([])
     for ledger in (e.ledger, other.ledger):
         space = ledger._spaces[NS]

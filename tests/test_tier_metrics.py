@@ -53,7 +53,7 @@ from vllm_adapter.disk.tier_budget import TierBudget  # noqa: E402
 N = "vllm:kvchunk_fs_"
 """The names spelled out here, not taken from the module under test."""
 
-GAUGE_FIELDS = {"disk_budget_bytes", "disk_bytes", "disk_files", "stranded_bytes"}
+GAUGE_FIELDS = {"disk_budget_bytes", "disk_bytes", "disk_files", "stranded_bytes", "ledger_bytes"}
 PROM_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 
 
@@ -87,7 +87,7 @@ def test_every_definition_is_unique_documented_and_typed() -> None:
     assert len(names_) == len(set(names_))
     assert all(n.startswith(N) and PROM_NAME.match(n) for n in names_), names_
     fields = {n[len(N):] for n in names_}
-    assert len(fields) == 24
+    assert len(fields) == 27
     for name, meta in defs.items():
         assert meta.documentation.strip(), name
         assert meta.labelnames == (), name
@@ -201,8 +201,10 @@ def test_sample_reads_a_real_budget_and_samples_stranded_bytes_once_per_interval
     counters.add(lookup_misses=1)
     second = stats.sample(counters, budget)  # within the hour: no stranded_bytes
     assert second is not None
-    assert _values(second) == {N + "lookup_misses": 1, N + "disk_budget_bytes": 5000,
-                               N + "disk_bytes": 0, N + "disk_files": 0}
+    values = _values(second)
+    assert values.pop(N + "ledger_bytes") == os.path.getsize(budget.ledger.ledger_path) > 0
+    assert values == {N + "lookup_misses": 1, N + "disk_budget_bytes": 5000,
+                      N + "disk_bytes": 0, N + "disk_files": 0}
 
 
 # -- through vLLM's aggregation -------------------------------------------------------------

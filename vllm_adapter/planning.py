@@ -2,8 +2,9 @@
 
 ``python -m vllm_adapter config`` (:mod:`vllm_adapter.cli`) parses arguments, runs
 vLLM's planning and renders; what it computes once vLLM has planned the engine lives
-here, so the benchmarks (``conformance/bench``) time and reuse it without reaching into
-the CLI:
+here (and in :mod:`vllm_adapter.economics`, whose results are :mod:`vllm_adapter.results`'),
+so the benchmarks (``conformance/bench``) time and reuse it without reaching into
+the CLI (the imports run one way: the CLI imports this module, never the reverse):
 
 * :func:`release_policy`: the rules a release runs with the engine's settings;
 * :class:`PlannedEngine`: a knob resolved as the connector resolves it, and vLLM's
@@ -19,18 +20,17 @@ vLLM is imported lazily (inside the functions), as the CLI's argument checks nee
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from reference.geometry import cpu_row_bytes
 from reference.knobs import BLOCK_SIZE, BLOCKS_PER_CHUNK, Chunking
 from reference.plan import Policy
 from reference.workload import Workload
+from vllm_adapter import economics as E
 from vllm_adapter.disk_model import FS_MODELS, FsModel
+from vllm_adapter.economics import SweepInput
 from vllm_adapter.names import CPU_SPEC
-
-if TYPE_CHECKING:
-    from vllm_adapter.cli.economics import SweepInput
-    from vllm_adapter.cli.result import Sweep, Traffic
+from vllm_adapter.results import Sweep, Traffic
 
 __all__ = [
     "DEFAULT_WORKLOAD",
@@ -194,8 +194,6 @@ def sweep_inputs(
 ) -> tuple[list[SweepInput], list[str]]:
     """:data:`SWEEP_POINTS` valid knob values (resolved as the connector will), and the
     values skipped on the way, each with vLLM's or the reference's reason."""
-    from vllm_adapter.cli.economics import SweepInput
-
     points: list[SweepInput] = []
     skipped: list[str] = []
     for value in sweep_values(knob_name):
@@ -223,7 +221,6 @@ def run_sweep(
     knob values resolved as the connector will, each served through the workload.
     The benchmark (``conformance/bench/test_bench_sweep.py``) times this."""
     from vllm_adapter import vllm_tools_api as V
-    from vllm_adapter.cli.economics import sweep
 
     engine = PlannedEngine(vllm_config, scheduler_kv_cache_config, GiB)
     _, base_extra = engine.resolve({BLOCKS_PER_CHUNK: 1})
@@ -231,15 +228,13 @@ def run_sweep(
                   int(vllm_config.parallel_config.world_size), 1)
     policy, _ = release_policy(V.VLLM_VERSION, vllm_config, True)
     points, skipped = sweep_inputs(engine, knob_name, row)
-    return sweep(knob_name, points, skipped, workload, policy, models)
+    return E.sweep(knob_name, points, skipped, workload, policy, models)
 
 
 def forget_served() -> None:
     """Drop the per-process serving results :func:`run_sweep` reuses (a benchmark times
     fresh runs)."""
-    from vllm_adapter.cli.economics import forget_served as forget
-
-    forget()
+    E.forget_served()
 
 
 def knob_traffic(
@@ -248,7 +243,5 @@ def knob_traffic(
 ) -> Traffic:
     """What ``config`` prints for one knob: the workload's files, bytes, recomputed tokens
     and modelled disk time, every group's file ``file_bytes`` (one CPU-tier row)."""
-    from vllm_adapter.cli.economics import serve, traffic
-
-    return traffic(serve(chunking, workload, policy),
+    return E.traffic(E.serve(chunking, workload, policy),
                    {gc.group.index: file_bytes for gc in chunking.groups}, models)

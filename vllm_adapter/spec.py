@@ -407,3 +407,7 @@ class ReferenceOffloadingSpec(V.OffloadingSpec):
                 kv_caches, self.blocks_per_chunk, self.num_chunks
             )
         return self._worker
+
+
+count_option = _count
+"""A count option of ``kv_connector_extra_config`` (public name of :func:`_count`)."""

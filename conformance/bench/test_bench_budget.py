@@ -86,6 +86,7 @@ from conformance.harness import vllm_harness_api as V  # noqa: E402
 from vllm_adapter.disk import packed_file as P  # noqa: E402
 from vllm_adapter.disk import packed_io as PIO  # noqa: E402
 from vllm_adapter.disk import tier as S  # noqa: E402
+from vllm_adapter.disk.ledger import budget_for_files  # noqa: E402
 from vllm_adapter.disk.tier_budget import TierBudget  # noqa: E402
 from vllm_adapter.planning import fixture_knob  # noqa: E402
 
@@ -192,7 +193,8 @@ class Root:
 
     def new_tier(self) -> TierBudget:
         """What ``KvchunkFileTierManager.__init__`` builds (before its ``start``)."""
-        return TierBudget(self.root, self.namespace_dir, self.budget_bytes, RULE, self.chunking)
+        return TierBudget(self.root, self.namespace_dir, budget_for_files(self.budget_bytes), RULE,
+                          self.chunking)
 
     def on_disk(self) -> list[str]:
         """``KvchunkFileTierManager._files_on_disk`` of the packed layout."""

@@ -37,12 +37,14 @@ from vllm_adapter.disk import budget as DB
 from vllm_adapter.disk import packed_file as P
 from vllm_adapter.disk import tier as S
 from vllm_adapter.disk.chunk_file import QUARANTINE_DIR, TEMP_SUFFIX
+from vllm_adapter.disk.journal import LEASE_DIR
 
 __all__ = [
     "METADATA_FILES",
     "BoundWatch",
     "ReferenceJudge",
     "budget_files",
+    "root_bytes",
     "full_attention_chunking",
     "quiescent_problems",
     "tier_files",
@@ -59,11 +61,31 @@ def full_attention_chunking(block_size: int, blocks_per_chunk: int) -> Chunking:
     return resolve(Geometry((group,), tokens_per_hash=block_size), BlocksPerChunk(blocks_per_chunk))
 
 
+def root_bytes(root: Path | str) -> dict[str, int]:
+    """Path (relative to ``root``) -> bytes on disk (``st_blocks``) of EVERY file under the
+    root: the budget covers them all, the ledger, its lock, the leases, the geometry files
+    and the quarantine included (:func:`vllm_adapter.disk.ledger.ledger_reserve`)."""
+    sizes: dict[str, int] = {}
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            sizes[os.path.relpath(path, root)] = max(st.st_size, st.st_blocks * 512)
+    return sizes
+
+
 def budget_files(root: Path | str) -> dict[str, int]:
-    """Path (relative to ``root``) -> size of every file the budget covers (see the module
-    docstring: listed whole, then stat-ed; a file gone before its stat is left out)."""
+    """Path (relative to ``root``) -> size of every data file (the files a ledger names,
+    temporary files, orphans), leaving out the ledger's own files (:data:`METADATA_FILES`,
+    the leases, a compaction's temporary journal): listed whole, then stat-ed; a file gone
+    before its stat is left out."""
     listed: list[str] = []
     for dirpath, _, names in os.walk(root):
+        if os.path.basename(dirpath) == LEASE_DIR:
+            continue
         for name in names:
             if name in METADATA_FILES or name.startswith(DB.LEDGER_FILE):
                 continue
@@ -115,7 +137,7 @@ class BoundWatch:
         return self
 
     def check(self, when: str) -> int:
-        sizes = budget_files(self.root)
+        sizes = root_bytes(self.root)
         total = sum(sizes.values())
         with self._lock:
             self.checks += 1
@@ -153,12 +175,8 @@ class ReferenceJudge:
 
 def _ledger_entry(ledger: DB.RootLedger, rel: str) -> tuple[tuple[bytes, ...], int, bool] | None:
     """The ledger's (keys, reserved bytes, written) of a file (path relative to the root)."""
-    with ledger._thread_lock:
-        where = ledger._where.get(rel)
-        if where is None:
-            return None
-        f = ledger._spaces[where[0]].disk.files[where[1]]
-        return f.keys, f.nbytes, f.ready
+    entry = ledger.entry(rel)
+    return None if entry is None else entry[:3]
 
 
 def tier_files(tier: S.KvchunkFileTierManager) -> tuple[dict[str, tuple[bytes, ...]], list[str]]:
@@ -205,10 +223,11 @@ def quiescent_problems(
     other files than the disk holds, a reservation still pending, a file whose real size is
     not its reserved size; a key in two files; a key the reference finds stranded."""
     problems: list[str] = []
-    sizes = budget_files(root)
-    total = sum(sizes.values())
+    every = root_bytes(root)
+    total = sum(every.values())
     if total > budget:
-        problems.append(f"{total} bytes on the root > budget {budget}: {_describe(sizes)}")
+        problems.append(f"{total} bytes on the root > budget {budget}: {_describe(every)}")
+    sizes = budget_files(root)
     temps = sorted(p for p in sizes if p.endswith(TEMP_SUFFIX))
     if temps:
         problems.append(f"temporary files with no write in flight: {temps}")

@@ -165,9 +165,13 @@ def _prompts(workload: Workload) -> list[WorkloadRequest]:
 def _driver(case: EvictionCase, root: Path, disk_bytes: int) -> Any:
     from conformance.harness import safe_fs_faults as SF
     from conformance.harness.fixture_runs import fixture_driver
+    from vllm_adapter.disk.ledger import budget_for_files
     from vllm_adapter.names import KVCHUNK_CONNECTOR, connector_module
 
-    spec = SF.kvchunk_tiering_spec(root, layout="packed", disk_bytes_to_use=disk_bytes,
+    # the reference's disk holds ``disk_bytes`` of files; the tier's budget adds its ledger's
+    # reserve (the journal, the lock and the leases are inside disk_bytes_to_use)
+    spec = SF.kvchunk_tiering_spec(root, layout="packed",
+                                   disk_bytes_to_use=budget_for_files(disk_bytes),
                                    eviction="reachable")
     return fixture_driver(
         case.fixture, {"block_size": 512}, num_gpu_blocks=case.num_gpu_blocks,
@@ -318,8 +322,8 @@ def test_budgeted_packed_tier_evicts_keeps_and_reads_what_the_reference_predicts
     )
     session, runner = T.open_session(driver, BUDGET)
     tier = SF.tier_of(session)
-    assert tier.layout == "packed" and tier.budget.budget == disk_bytes, (tier.layout,
-                                                                          tier.budget.budget)
+    assert tier.layout == "packed" and tier.budget.ledger.files_budget == disk_bytes, (
+        tier.layout, tier.budget.ledger.files_budget)
     assert tier._block_size == row, (
         f"{case}: the tier's rows are {tier._block_size} bytes, the geometry's {row}")
     hits = _record_hits(session, monkeypatch)

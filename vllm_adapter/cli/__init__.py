@@ -7,8 +7,8 @@
         [--block-size-gpu N] [--kv-cache-dtype D] [--no-hybrid] [--prefix-match-unit N] \\
         [--mamba-cache-mode align|none] [--max-model-len N] \\
         [--prefix-cache-retention-interval N|None] [--format table|json|markdown] \\
-        [--spec-name CPUOffloadingSpec|TieringOffloadingSpec --fs-path DIR \\
-         [--fs-read-threads N] [--fs-write-threads N]] \\
+        [--spec-name CPUOffloadingSpec|TieringOffloadingSpec|KvchunkTieringOffloadingSpec \\
+         --fs-path DIR [--fs-read-threads N] [--fs-write-threads N]] \\
         [--workload PRESET|FILE] [--decode-storing] [--fs-model local|nfs|object-store] \\
         [--sweep] [--disk-bytes SIZE] [--sweep-disk] [--plot PATH]
 
@@ -57,8 +57,11 @@ What it does:
    ``FileSystemTierManager`` parameters of 0.33.0 and 0.34.0) writes one file
    per chunk per group, each one CPU slot: the output states the file size; the
    files a workload writes and reads, per layout (per chunk, and kvchunk's packed
-   tier), are item 5's.
-5. **Workload** (:mod:`.economics`).  ``--workload`` (a preset of
+   tier), are item 5's.  ``--spec-name KvchunkTieringOffloadingSpec`` prints kvchunk's
+   disk tier instead (``"spec_module_path": "vllm_adapter.disk"``, the same ``fs`` tier
+   entry plus ``"disk_bytes_to_use"`` from ``--disk-bytes``; without it, a note says to
+   add it before serving).
+5. **Workload** (:mod:`vllm_adapter.economics`).  ``--workload`` (a preset of
    :data:`reference.workload.PRESETS`, default ``chat``: :data:`.args.DEFAULT_WORKLOAD`
    says why; or a TOML file) is served through the reference Planner under the
    installed release's rules (:mod:`vllm_adapter.releases`) with the engine's
@@ -90,8 +93,10 @@ Modules: :mod:`.args` (parser, :func:`validate`), :mod:`.derivation` (vLLM's pla
 :mod:`.knob` (the knob), :mod:`.cpu_tier` (the CPU tier), :mod:`.sweeps` (``--sweep``),
 :mod:`.disk` (``--disk-bytes`` / ``--sweep-disk``: hit rate per disk size,
 :mod:`reference.disk_economics`), :mod:`.sizing` (:func:`plan`: orchestration; the computations
-on a planned engine, shared with the bench, are :mod:`vllm_adapter.planning`), :mod:`.result`
-(:class:`Sizing`, the typed result), :mod:`.render` (table / markdown / json).
+on a planned engine, shared with the bench, are :mod:`vllm_adapter.planning` and
+:mod:`vllm_adapter.economics`, which never import the CLI), :mod:`.economics` (``--plot`` of
+``--sweep``), :mod:`.result` (:class:`Sizing`, the typed result), :mod:`.render`
+(table / markdown / json).
 """
 
 from __future__ import annotations

@@ -6,11 +6,8 @@ import argparse
 import json
 import re
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
-
-from pydantic import ByteSize
 
 from reference.geometry import Geometry
 from reference.knobs import (
@@ -22,8 +19,16 @@ from reference.knobs import (
     parse_knob,
 )
 from reference.workload import PRESETS, Workload, load_workload, preset, requests
+from vllm_adapter import units
+from vllm_adapter.disk.budget import DISK_BYTES_KEY
 from vllm_adapter.disk_model import FS_MODEL_KEYS, FsModel
-from vllm_adapter.names import CPU_SPEC, KVCHUNK_CONNECTOR, TIERING_SPEC
+from vllm_adapter.names import (
+    CPU_SPEC,
+    KVCHUNK_CONNECTOR,
+    KVCHUNK_TIERING_SPEC,
+    KVCHUNK_TIERING_SPEC_NAME,
+    TIERING_SPEC,
+)
 from vllm_adapter.planning import DEFAULT_WORKLOAD
 
 __all__ = [
@@ -36,6 +41,7 @@ __all__ = [
     "Request",
     "build_parser",
     "parse_bytes",
+    "spec_entries",
     "validate",
 ]
 
@@ -53,7 +59,11 @@ holds no KV cache, so the multimodal model is planned language-model-only."""
 FORMATS = ("table", "json", "markdown")
 DENSE = "None"
 """``--prefix-cache-retention-interval None``: dense retention (vLLM's spelling)."""
-SPEC_NAMES = (CPU_SPEC, TIERING_SPEC)
+SPEC_NAMES = (CPU_SPEC, TIERING_SPEC, KVCHUNK_TIERING_SPEC_NAME)
+TIER_SPECS = (TIERING_SPEC, KVCHUNK_TIERING_SPEC_NAME)
+"""The specs with secondary tiers: ``--fs-path`` adds the fs tier.  kvchunk's
+(``spec_module_path`` :data:`~vllm_adapter.names.KVCHUNK_TIERING_SPEC_MODULE`) checksums and
+namespaces the files and takes the tier's byte budget (``--disk-bytes``)."""
 FS_TIER = "fs"
 """vLLM's file-system secondary tier (``SecondaryTierFactory`` name, 0.33.0 and 0.34.0)."""
 
@@ -92,35 +102,14 @@ def _retention(text: str) -> int | str:
     return int(text)
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-BYTE_UNITS: dict[str, int] = {
-    unit: int(multiplier)
-    for unit, multiplier in ByteSize.byte_sizes.items()
-    if unit.endswith("b")
-}
-"""pydantic's ``ByteSize`` units (``KB`` = 1000, ``KiB`` = 1024, ...), minus its bit units
-and its one-letter shorthands (``25G`` is 25 * 10**9 there, a trap next to ``GiB``)."""
-
-
 def parse_bytes(text: str) -> int:
-    """A byte count: ``26843545600``, ``25GiB``, ``16MiB``, ``1.5GB`` (KiB = 1024, KB = 1000).
-
-    Units are pydantic's :data:`BYTE_UNITS` (case-insensitive); the number is exact
-    (``Fraction``, not pydantic's float), so ``1.5B`` is refused where ``ByteSize``
-    would truncate it to 1, and a bare number is digits only (``ByteSize`` takes ``1_0``).
-    """
-    match = _SIZE.match(text)
-    unit = (match.group(2).lower() or "b") if match else ""
-    if match is None or unit not in BYTE_UNITS:
-        raise argparse.ArgumentTypeError(
-            f"must be a byte count such as 26843545600, 25GiB or 16MiB, got {text!r}"
-        )
-    value = Fraction(match.group(1)) * BYTE_UNITS[unit]
-    if value.denominator != 1 or value <= 0:
-        raise argparse.ArgumentTypeError(
-            f"must be a positive whole number of bytes, got {text!r} (= {float(value):g} bytes)"
-        )
-    return int(value)
+    """:func:`vllm_adapter.units.parse_bytes` (the one byte parser, shared with the disk
+    tier's ``disk_bytes_to_use``) as an argparse type: its ``ValueError`` becomes an
+    ``ArgumentTypeError`` with the same message."""
+    try:
+        return units.parse_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -204,7 +193,8 @@ def _add_economics_flags(group: argparse._ArgumentGroup) -> None:
         metavar="SIZE",
         help="serve the workload (scaled to ~1M prompt tokens of sessions over time) over a "
         "disk tier of SIZE bytes (e.g. 2TiB): hits, files read and evicted, tokens recomputed "
-        "for lack of space, per million prompt tokens, under the eviction rule and plain LRU",
+        "for lack of space, per million prompt tokens, under the eviction rule and plain LRU; "
+        f"with --spec-name {KVCHUNK_TIERING_SPEC_NAME}, also the fs tier's {DISK_BYTES_KEY}",
     )
     group.add_argument(
         "--sweep-disk",
@@ -225,7 +215,9 @@ def _add_spec_flags(spec: argparse._ArgumentGroup) -> None:
         choices=SPEC_NAMES,
         default=CPU_SPEC,
         help=f"vLLM's offloading spec (default {CPU_SPEC}); {TIERING_SPEC} adds the file-system "
-        "tier below the CPU tier (needs --fs-path)",
+        f"tier below the CPU tier (needs --fs-path); {KVCHUNK_TIERING_SPEC_NAME} is kvchunk's "
+        "disk tier: the same with checksummed, geometry-namespaced files under a byte budget "
+        "(needs --fs-path, and --disk-bytes to serve)",
     )
     spec.add_argument(
         "--fs-path", metavar="DIR", help="the fs tier's root_dir: where chunk files go"
@@ -249,19 +241,33 @@ def _fs_tier(args: argparse.Namespace) -> dict[str, Any] | None:
         )
         if value is not None
     ]
-    if args.spec_name != TIERING_SPEC:
+    if args.spec_name not in TIER_SPECS:
         if fs_flags:
-            raise CliError(f"{fs_flags[0]} needs --spec-name {TIERING_SPEC}")
+            raise CliError(
+                f"{fs_flags[0]} needs --spec-name {TIERING_SPEC} or {KVCHUNK_TIERING_SPEC_NAME}"
+            )
         return None
     if not args.fs_path or not str(args.fs_path).strip():
-        raise CliError(f"--spec-name {TIERING_SPEC}: give --fs-path DIR (the fs tier's root_dir)")
+        raise CliError(
+            f"--spec-name {args.spec_name}: give --fs-path DIR (the fs tier's root_dir)"
+        )
     user_path("--fs-path", str(args.fs_path))  # the tier expands ~; an unknown ~user: fail here
     tier: dict[str, Any] = {"type": FS_TIER, "root_dir": str(args.fs_path)}
     if args.fs_read_threads is not None:
         tier["n_read_threads"] = args.fs_read_threads
     if args.fs_write_threads is not None:
         tier["n_write_threads"] = args.fs_write_threads
+    if args.spec_name == KVCHUNK_TIERING_SPEC_NAME and args.disk_bytes is not None:
+        tier[DISK_BYTES_KEY] = args.disk_bytes
     return tier
+
+
+def spec_entries(spec_name: str) -> dict[str, str]:
+    """The ``kv_connector_extra_config`` entries that select ``spec_name``: vLLM's own specs
+    by name, kvchunk's disk spec with its ``spec_module_path``."""
+    if spec_name == KVCHUNK_TIERING_SPEC_NAME:
+        return dict(KVCHUNK_TIERING_SPEC)
+    return {"spec_name": spec_name}
 
 
 def _add_cache_flags(cache: argparse._ArgumentGroup) -> None:
@@ -312,7 +318,8 @@ class Request:
     format: str
     spec_name: str = CPU_SPEC
     fs_tier: dict[str, Any] | None = None
-    """The ``secondary_tiers`` entry of the fs tier (``TieringOffloadingSpec`` only)."""
+    """The ``secondary_tiers`` entry of the fs tier (:data:`TIER_SPECS` only; kvchunk's
+    carries ``disk_bytes_to_use`` from ``--disk-bytes``)."""
     dense_retention: bool = False
     """``--prefix-cache-retention-interval None``: vLLM's dense retention."""
     workload: Workload | None = None

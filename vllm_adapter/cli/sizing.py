@@ -1,7 +1,7 @@
 """``plan``: the orchestration of ``python -m vllm_adapter config``.
 
 vLLM's planning (:mod:`.derivation`), the knob (:mod:`.knob`), the CPU tier
-(:mod:`.cpu_tier`), the workload's files (:mod:`.economics`), ``--sweep``
+(:mod:`.cpu_tier`), the workload's files (:mod:`vllm_adapter.economics`), ``--sweep``
 (:mod:`.sweeps`) and the disk tier's hit rate (:mod:`.disk`), gathered into a
 :class:`Sizing` (typed, frozen); :meth:`Sizing.to_json` is the document
 ``--format json`` prints.  What it computes on a planned engine, shared with the bench:
@@ -14,11 +14,10 @@ from typing import Any
 
 from reference.knobs import BLOCKS_PER_CHUNK
 from reference.workload import Workload
-from vllm_adapter.cli.args import CliError, Request
+from vllm_adapter.cli.args import CliError, Request, spec_entries
 from vllm_adapter.cli.cpu_tier import GiB, cpu_tier, group_rows
 from vllm_adapter.cli.derivation import derive, with_retention
 from vllm_adapter.cli.disk import disk_tier
-from vllm_adapter.cli.economics import fs_model_info, per_group_map, serve, traffic
 from vllm_adapter.cli.knob import knob as resolve_knob
 from vllm_adapter.cli.result import (
     EngineInfo,
@@ -32,8 +31,14 @@ from vllm_adapter.cli.result import (
     WorkloadInfo,
 )
 from vllm_adapter.cli.sweeps import knob_sweep
+from vllm_adapter.disk.budget import DISK_BYTES_KEY
 from vllm_adapter.disk_model import FS_MODELS
-from vllm_adapter.names import KVCHUNK_CONNECTOR, KVCHUNK_CONNECTOR_MODULE
+from vllm_adapter.economics import fs_model_info, per_group_map, serve, traffic
+from vllm_adapter.names import (
+    KVCHUNK_CONNECTOR,
+    KVCHUNK_CONNECTOR_MODULE,
+    KVCHUNK_TIERING_SPEC_NAME,
+)
 from vllm_adapter.planning import PlannedEngine, cpu_row, release_policy
 
 __all__ = ["plan", "release_policy"]
@@ -44,7 +49,7 @@ def _kv_transfer_config(
 ) -> KvTransferConfig:
     from vllm_adapter import vllm_tools_api as V
 
-    extra: dict[str, Any] = {**knob_extra, "spec_name": request.spec_name}
+    extra: dict[str, Any] = {**knob_extra, **spec_entries(request.spec_name)}
     if request.decode_storing:
         extra["offload_prompt_only"] = False
     if cpu_bytes is not None:
@@ -135,6 +140,12 @@ def plan(request: Request, *, debug: bool = False) -> Sizing:
     if request.cpu_bytes is None:
         notes.append(
             f'add "cpu_bytes_to_use" (--cpu-bytes) before serving: {request.spec_name} requires it'
+        )
+    if request.fs_tier is not None and request.spec_name == KVCHUNK_TIERING_SPEC_NAME \
+            and DISK_BYTES_KEY not in request.fs_tier:
+        notes.append(
+            f'add "{DISK_BYTES_KEY}" to the fs tier (--disk-bytes) before serving: '
+            f"{request.spec_name} requires it; choose it with --sweep-disk"
         )
     cache = vllm_config.cache_config
     worker_cfg = derivation.worker_kv_cache_configs[0]

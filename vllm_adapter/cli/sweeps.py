@@ -1,5 +1,5 @@
 """``--sweep``: the chosen knob's figures across knob values (the computation is
-:func:`vllm_adapter.planning.sweep_inputs` and :func:`.economics.sweep`)."""
+:func:`vllm_adapter.planning.sweep_inputs` and :func:`vllm_adapter.economics.sweep`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from reference.knobs import BLOCK_SIZE, BLOCKS_PER_CHUNK
 from reference.plan import Policy
 from reference.workload import Workload
 from vllm_adapter.cli.args import CliError, Request
-from vllm_adapter.cli.economics import plot_sweep, sweep
-from vllm_adapter.cli.result import Sweep
+from vllm_adapter.cli.economics import plot_sweep
 from vllm_adapter.disk_model import FsModel
+from vllm_adapter.economics import sweep
 from vllm_adapter.planning import CpuRow, PlannedEngine, sweep_inputs
+from vllm_adapter.results import Sweep
 
 __all__ = ["knob_sweep"]
 

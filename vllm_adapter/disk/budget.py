@@ -38,12 +38,15 @@ writer on another host is never presumed dead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
 from reference.eviction import EvictionRule
 from reference.geometry import Geometry, GroupKind, KVGroup
 from reference.knobs import BlocksPerChunk, Chunking, resolve
+from reference.packed import packed_file_bytes
+from vllm_adapter import units
 from vllm_adapter.disk.ledger import LEDGER_FILE, LOCK_FILE, BudgetCounters, RootLedger
 
 __all__ = [
@@ -52,7 +55,9 @@ __all__ = [
     "LOCK_FILE",
     "BudgetCounters",
     "RootLedger",
+    "VLLM_KEY_BYTES",
     "budget_chunking",
+    "min_disk_bytes",
     "parse_disk_bytes",
     "parse_eviction",
     "suggested_disk_bytes",
@@ -81,10 +86,32 @@ def suggested_disk_bytes(root: str) -> int:
     return max(GiB, (free * 8 // 10) // GiB * GiB)
 
 
+VLLM_KEY_BYTES = 36
+"""An offload key as vLLM makes it (``make_offload_key``): the block hash (32 bytes with the
+default ``sha256`` prefix-caching hash), then the KV-cache group index (4 bytes)."""
+
+
+def min_disk_bytes(
+    layout: str, row_bytes: int, groups: int, chunk_header_bytes: int,
+    key_bytes: int = VLLM_KEY_BYTES,
+) -> int:
+    """The smallest ``disk_bytes_to_use`` a tier can store a chunk under: the file a full
+    chunk needs.  ``"per_chunk"``: one chunk file (``chunk_header_bytes`` + one CPU-tier
+    row of ``row_bytes``).  ``"packed"``: one packed file of one section per offloaded
+    KV-cache group (``groups``), each a row under a vLLM key
+    (:func:`reference.packed.packed_file_bytes`): a budget below it refuses every store."""
+    if layout == "per_chunk":
+        return chunk_header_bytes + row_bytes
+    return packed_file_bytes([row_bytes] * groups, [key_bytes] * groups)
+
+
 def parse_disk_bytes(value: Any, root: str, where: str, min_bytes: int = 1) -> int:
     """``disk_bytes_to_use`` as an int, or a ``ValueError`` naming the key and a valid
-    value: missing, not an integer (``"1e12"`` and ``"800GB"`` are refused; give
-    bytes), not positive, below ``min_bytes`` (one file), above the file system."""
+    value.  Taken: an int, or a string the CLI's ``--disk-bytes`` takes
+    (:func:`vllm_adapter.units.parse_bytes`: ``"1000000000000"``, ``"800GB"``,
+    ``"4GiB"``; KB = 1000, KiB = 1024).  Refused: missing, anything else (``"1e12"``,
+    ``1.5``, ``true``), not positive, below ``min_bytes`` (:func:`min_disk_bytes`: the
+    file one chunk needs), above the file system."""
     suggestion = suggested_disk_bytes(root)
     example = f"e.g. {suggestion} ({suggestion / GiB:.0f} GiB, 80% of the free space under {root!r})"
     if value is None:
@@ -96,19 +123,24 @@ def parse_disk_bytes(value: Any, root: str, where: str, min_bytes: int = 1) -> i
     parsed: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         parsed = value
-    elif isinstance(value, str) and value.strip().isdigit():
-        parsed = int(value.strip())
+    elif isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        parsed = int(value.strip())  # "0" is "not positive" below, as 0 is
+    elif isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            parsed = units.parse_bytes(value)
     if parsed is None:
         raise ValueError(
-            f"'{DISK_BYTES_KEY}' in {where} must be a number of bytes (an integer), {example}; "
-            f"got {value!r}"
+            f"'{DISK_BYTES_KEY}' in {where} must be a number of bytes: an integer, or a "
+            f"string such as \"{suggestion // GiB}GiB\" or \"800GB\" (KiB = 1024, KB = 1000), "
+            f"{example}; got {value!r}"
         )
     if parsed <= 0:
         raise ValueError(f"'{DISK_BYTES_KEY}' in {where} must be positive, {example}; got {parsed}")
     if parsed < min_bytes:
         raise ValueError(
-            f"'{DISK_BYTES_KEY}' in {where} ({parsed}) is smaller than one file of this tier "
-            f"({min_bytes} bytes); give at least {min_bytes}, {example}"
+            f"'{DISK_BYTES_KEY}' in {where} ({parsed}) is smaller than the file one chunk needs "
+            f"on this tier ({min_bytes} bytes: a chunk file, or a packed file of one section per "
+            f"KV-cache group); give at least {min_bytes}, {example}"
         )
     size, _ = _fs_bytes(root)
     if parsed > size:

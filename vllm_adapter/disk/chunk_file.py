@@ -441,7 +441,7 @@ def _writer_is_dead(temp_name: str) -> bool:
     return False
 
 
-def _discard(path: str, st: os.stat_result, io: ChunkIO) -> None:
+def discard_bad_file(path: str, st: os.stat_result, io: ChunkIO) -> None:
     """Delete or quarantine a bad file, unless a writer has replaced it since it was opened."""
     try:
         now = os.stat(path)
@@ -507,13 +507,13 @@ def load_chunk(path: str, dest: memoryview, key_id: bytes, io: ChunkIO) -> None:
     except ChunkFileError as exc:
         io.counters.bad(path, exc.why)
         logger.warning("kvchunk fs tier: %s: %s; the chunk is recomputed", path, exc.strerror)
-        _discard(path, st, io)
+        discard_bad_file(path, st, io)
         raise
     finally:
         os.close(fd)
 
 
-def _slices(view: memoryview, offsets: Sequence[int], size: int) -> list[memoryview]:
+def slices(view: memoryview, offsets: Sequence[int], size: int) -> list[memoryview]:
     flat = view.cast("B")
     for off in offsets:
         if off < 0 or off + size > len(flat):
@@ -530,7 +530,7 @@ def batch_store_chunks(
     io: ChunkIO,
 ) -> None:
     """Store a job's chunks (region rows at ``offsets``); raises on the first error."""
-    for path, kid, payload in zip(paths, key_ids, _slices(view, offsets, size), strict=True):
+    for path, kid, payload in zip(paths, key_ids, slices(view, offsets, size), strict=True):
         store_chunk(path, payload, kid, io)
         io.counters.add(files_stored=1)
 
@@ -552,7 +552,7 @@ def batch_load_chunks(
     """
     first: OSError | None = None
     for i, (path, kid, dest) in enumerate(
-        zip(paths, key_ids, _slices(view, offsets, size), strict=True)
+        zip(paths, key_ids, slices(view, offsets, size), strict=True)
     ):
         try:
             load_chunk(path, dest, kid, io)

@@ -1,37 +1,93 @@
 """The ledger of one ``root_dir``: the model every engine writing there shares.
 
 The design (a journal under an ``flock``, replayed by every engine before it decides),
-its bound and its crash handling are :mod:`vllm_adapter.disk.budget`'s docstring; this
-module is the mechanism.  It is one class, :class:`RootLedger`: the model (the
-reference's :class:`~reference.eviction.Disk` per namespace, paths, writers, recency on
-one clock), the journal it is replayed from, and the operations a tier calls (reserve,
+its bound and its crash handling are :mod:`vllm_adapter.disk.budget`'s docstring; the
+records and leases are :mod:`vllm_adapter.disk.journal`'s; this module is the mechanism.
+It is one class, :class:`RootLedger`: the model (the reference's
+:class:`~reference.eviction.Disk` per namespace, paths, reservations, recency on one
+clock), the journal it is replayed from, and the operations a tier calls (reserve,
 complete, drop keys, touch, forget, start, compact) that change both together.
+
+**The store protocol** (:func:`vllm_adapter.disk.tier_budget.store_files` runs it):
+``reserve`` appends an ``add`` per file (evicting first: victims are unlinked, then their
+``rm`` appended), the writer fills a temporary file and renames it, then ``complete``
+appends ``done``.  A crash at any step leaves a reservation whose owner's lease is free:
+the next engine that takes the lock reclaims it (its file and its temporary files
+removed, ``done`` false appended).  A crash between a victim's unlink and its ``rm``
+record leaves the ledger counting a file that is gone: an over-count, which the next
+start reconciles.  Bytes on the root therefore never exceed the budget at any step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
-import json
+import glob
+import itertools
 import os
-import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from reference.eviction import Disk, EvictionRule, _File
+from reference.eviction import Disk, EvictionRule
 from reference.knobs import Chunking
 from reference.prefix_structure import PrefixStructure
 from vllm_adapter.disk.counters import Counters
-from vllm_adapter.disk.journal import _alive, _fragment_json, _fragment_of, _hex
+from vllm_adapter.disk.journal import (
+    Lease,
+    decode,
+    encode,
+    flock,
+    fragment_json,
+    hex_keys,
+    owner_alive,
+)
 
-__all__ = ["COMPACT_MIN_BYTES", "LEDGER_FILE", "LOCK_FILE", "BudgetCounters", "RootLedger"]
+__all__ = [
+    "LEDGER_FILE",
+    "LOCK_FILE",
+    "BudgetCounters",
+    "BudgetMismatch",
+    "LedgerIO",
+    "RootLedger",
+    "budget_for_files",
+    "ledger_reserve",
+]
 
 LEDGER_FILE = "kvchunk-ledger.jsonl"
 LOCK_FILE = "kvchunk-ledger.lock"
-COMPACT_MIN_BYTES = 4 << 20
-"""The ledger is rewritten from the live files once it is this large and 4x their records."""
+TEMP_SUFFIX = ".tmp"
+"""The suffix of a writer's temporary files (:data:`vllm_adapter.disk.chunk_file.TEMP_SUFFIX`)."""
+USE_BATCH = 64
+"""Reads are journaled in batches: at the next locked operation, or once this many wait."""
+RESERVE_MIN = 1 << 20
+RESERVE_MAX = 1 << 30
+COMPACT_MIN_BYTES = 64 << 10
+"""The journal is never compacted below this size (a ledger with no reserve still compacts)."""
+
+
+def ledger_reserve(disk_bytes: int) -> int:
+    """The part of ``disk_bytes_to_use`` kept for the ledger's own files (the journal, its
+    lock, the leases) and the quarantine: 1/128 of the budget, at least 1 MiB and at most
+    1 GiB.  Files get the rest.  The journal is compacted once it passes half of it."""
+    return max(RESERVE_MIN, min(RESERVE_MAX, disk_bytes // 128))
+
+
+def budget_for_files(files_bytes: int) -> int:
+    """The smallest ``disk_bytes_to_use`` whose files' part (after :func:`ledger_reserve`)
+    holds ``files_bytes``."""
+    budget = files_bytes + max(RESERVE_MIN, min(RESERVE_MAX, -(-files_bytes // 127)))
+    while budget - ledger_reserve(budget) < files_bytes:
+        budget += 1
+    while budget > files_bytes and (budget - 1) - ledger_reserve(budget - 1) >= files_bytes:
+        budget -= 1
+    return budget
+
+
+class BudgetMismatch(ValueError):
+    """An engine starts on a root with another budget than the one recorded there."""
 
 
 @dataclass
@@ -46,10 +102,27 @@ class BudgetCounters(Counters):
     orphans_removed: int = 0
     reservations_reclaimed: int = 0
     """Reservations of dead writers failed by this tier."""
+    journal_records_skipped: int = 0
+    """Journal lines that were torn or damaged (skipped on replay)."""
+    compactions: int = 0
 
     def as_dict(self) -> dict[str, int]:
         with self._lock:
             return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+
+class LedgerIO:
+    """The ledger's own file operations, one object (a test injects faults and crashes here)."""
+
+    def write(self, fd: int, data: bytes) -> int:
+        return os.write(fd, data)
+
+    def unlink(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+    def replace(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
 
 
 @dataclass
@@ -59,85 +132,191 @@ class _Namespace:
     path_of: dict[int, str] = field(default_factory=dict)
 
 
+@dataclass
+class _Reservation:
+    rid: str
+    ns: str
+    fid: int
+    owner: str
+    line_bytes: int
+
+
 class RootLedger:
     """The model of one ``root_dir`` every tier writing there shares (see the module docstring).
 
-    Paths are relative to the root.  Every public method takes the root's lock and
-    first replays what other engines appended.  Thread-safe.
+    Paths are relative to the root.  Every public method takes the root's lock and first
+    replays what other engines appended and reclaims dead owners' reservations.
+    Thread-safe.  ``budget`` is ``disk_bytes_to_use``: files get ``budget -
+    ledger_reserve(budget)`` (``reserve`` overrides it; 0: the budget covers the files alone,
+    as in tests of the eviction rule).
+    ``adopt_budget``: an engine whose budget differs from the one recorded on the root
+    takes the recorded one instead of refusing.
     """
 
     def __init__(self, root: str, budget: int, rule: EvictionRule = EvictionRule.REACHABLE,
-                 counters: BudgetCounters | None = None,
-                 unlink: Callable[[str], None] | None = None) -> None:
+                 counters: BudgetCounters | None = None, *, reserve: int | None = None,
+                 adopt_budget: bool = False, io: LedgerIO | None = None,
+                 owner_id: str | None = None) -> None:
         self.root = root
-        self.budget = budget
         self.rule = rule
         self.counters = counters or BudgetCounters()
+        self.io = io or LedgerIO()
         self.ledger_path = os.path.join(root, LEDGER_FILE)
         self._lock_path = os.path.join(root, LOCK_FILE)
         self._thread_lock = threading.RLock()
         self._chunkings: dict[str, Chunking] = {}
         self._kept: dict[str, PrefixStructure] = {}
-        """Structures a replay of the files model reuses (:meth:`_replay_all`)."""
-        self._owner = [socket.gethostname(), os.getpid()]
-        self._unlink = unlink or _unlink_quietly
+        self._mine: dict[str, str] = {}
+        """Path -> rid of the reservations this ledger made and has not completed."""
+        self._uses: dict[str, None] = {}
+        """Rids read since the last ``use`` record."""
+        self._fixed_reserve = reserve
+        self._adopt = adopt_budget
+        self.budget = budget
+        self._set_budget(budget)
         self._reset()
+        self.lease = Lease(root, owner_id)
+        self.owner = self.lease.id
+        self._rids = itertools.count()
+        try:
+            with self._locked():
+                self._record_budget()
+        except BaseException:
+            self.lease.release()
+            raise
+
+    @classmethod
+    def replayed(cls, root: str, rule: EvictionRule = EvictionRule.REACHABLE) -> RootLedger:
+        """The model a fresh replay of ``root``'s journal gives, read without the lock and
+        without a lease (a check compares engines with it; it must not act)."""
+        self = cls.__new__(cls)
+        self.root, self.rule = root, rule
+        self.counters = BudgetCounters()
+        self.io = LedgerIO()
+        self.ledger_path = os.path.join(root, LEDGER_FILE)
+        self._thread_lock = threading.RLock()
+        self._chunkings, self._kept, self._mine, self._uses = {}, {}, {}, {}
+        self._fixed_reserve, self._adopt = None, False
+        self._reset()
+        self._sync()
+        self._set_budget(self._recorded_budget or 0)
+        return self
+
+    # -- the budget -------------------------------------------------------------
+
+    def _set_budget(self, budget: int) -> None:
+        self.budget = budget
+        self.ledger_bytes = self._fixed_reserve if self._fixed_reserve is not None else ledger_reserve(budget)
+        self.files_budget = max(0, budget - self.ledger_bytes)
+
+    def _record_budget(self) -> None:
+        recorded = self._recorded_budget
+        if recorded is None:
+            self._append([{"op": "budget", "bytes": self.budget}])
+        elif recorded != self.budget:
+            if not self._peers_alive():  # no engine runs on the old budget: the new one holds
+                self._append([{"op": "budget", "bytes": self.budget}])
+                return
+            if not self._adopt:
+                raise BudgetMismatch(
+                    f"'disk_bytes_to_use' is {self.budget}, but the root {self.root!r} records "
+                    f"{recorded} (set by the first engine there): every engine on a root shares "
+                    f"one budget. Give {recorded}, or set \"adopt_recorded_budget\": true to use "
+                    f"the recorded value")
+            self._set_budget(recorded)
+
+    def _peers_alive(self) -> bool:
+        """Whether another owner's lease on the root is held."""
+        try:
+            names = os.listdir(self.lease.dir)
+        except FileNotFoundError:
+            return False
+        return any(owner_alive(self.root, n[: -len(".lease")]) for n in names
+                   if n.endswith(".lease") and n[: -len(".lease")] != self.owner)
 
     # -- model ----------------------------------------------------------------
 
     def _reset(self) -> None:
         self._spaces: dict[str, _Namespace] = {}
-        self._where: dict[str, tuple[str, int]] = {}
-        """Path -> (namespace, file id)."""
-        self._owners: dict[str, list[Any]] = {}
-        """Pending path -> its writer."""
+        self._res: dict[str, _Reservation] = {}
+        """Path -> its current reservation."""
+        self._by_rid: dict[str, str] = {}
+        """Rid -> path, for the current reservations."""
+        self._pending: set[str] = set()
+        """Paths reserved and not yet done."""
         self._clock = 0
         self._events: dict[str, dict[str, bool]] = {}
-        """Namespace -> path -> written (True) or gone (False), the last of either since
-        :meth:`drain` last took them."""
         self._inode: int | None = None
         self._offset = 0
-        self._live_records = 0
-        self._add_bytes = 0
-        self._adds = 0
-        """Bytes and count of the ``add`` records read or written: a snapshot's size per file."""
+        self._recorded_budget: int | None = None
 
     def _space(self, ns: str) -> _Namespace:
         if ns not in self._spaces:
-            structure = self._kept.pop(ns, None) or PrefixStructure(self._chunkings.get(ns))
+            structure = self._kept.pop(ns, None)
+            if structure is None or (structure.chunking is None and ns in self._chunkings):
+                structure = PrefixStructure(self._chunkings.get(ns))  # (with the chunking now known)
             self._spaces[ns] = _Namespace(structure, Disk(structure))
         return self._spaces[ns]
 
     def observe(self, ns: str, positions: Any) -> None:
-        """Feed namespace ``ns``'s own structure a request's key positions (key -> end
-        token).  A replay from scratch (another engine compacted the ledger) forgets what
-        was observed and not stored: pass ``positions`` to :meth:`reserve` instead."""
+        """Feed namespace ``ns``'s own structure a request's key positions (key -> end token)."""
         with self._locked():
             self._space(ns).structure.observe_positions(positions)
 
     def set_chunking(self, ns: str, chunking: Chunking) -> None:
         """Namespace ``ns`` is this tier's: its structure is fed by :meth:`observe` too."""
         with self._thread_lock:
-            self._chunkings[ns] = chunking  # before the first replay: one replay, with it
+            self._chunkings[ns] = chunking
         with self._locked():
             if self._spaces.get(ns) is not None and self._spaces[ns].structure.chunking is None:
-                self._reset()  # replay with the chunking
-                self._sync()
+                self._replay_all()
 
     @property
     def total_bytes(self) -> int:
+        """Bytes of the files the ledger holds (reservations included)."""
         return sum(s.disk.bytes for s in self._spaces.values())
 
     def files(self, ns: str | None = None) -> dict[str, bool]:
         """Path -> written (False: reserved, being written) of the files the ledger holds."""
         with self._thread_lock:
-            return {p: self._spaces[n].disk.files[fid].ready
-                    for p, (n, fid) in self._where.items() if ns is None or n == ns}
+            return {p: self._spaces[r.ns].disk.files[r.fid].ready
+                    for p, r in self._res.items() if ns is None or r.ns == ns}
+
+    def entry(self, path: str) -> tuple[tuple[bytes, ...], int, bool, str] | None:
+        """What the ledger holds of ``path``: its keys, bytes, written, and reservation id."""
+        with self._thread_lock:
+            r = self._res.get(path)
+            if r is None:
+                return None
+            f = self._spaces[r.ns].disk.files[r.fid]
+            return f.keys, f.nbytes, f.ready, r.rid
+
+    def rids(self, paths: Iterable[str]) -> dict[str, str]:
+        """Path -> current reservation id, of the given paths the ledger holds (a load keeps
+        them, so that what it reports later touches only the files it read)."""
+        with self._thread_lock:
+            return {p: self._res[p].rid for p in paths if p in self._res}
+
+    def owners(self) -> dict[str, str]:
+        """Pending path -> its writer's lease id."""
+        with self._thread_lock:
+            return {p: self._res[p].owner for p in self._pending}
 
     def totals(self) -> dict[str, int]:
         """Bytes and files on the root (every namespace, reservations included)."""
         with self._thread_lock:
-            return {"disk_bytes": self.total_bytes, "disk_files": len(self._where)}
+            return {"disk_bytes": self.total_bytes, "disk_files": len(self._res),
+                    "ledger_bytes": self._offset}
+
+    def model(self) -> dict[str, tuple[str, str, int, bool, tuple[bytes, ...]]]:
+        """Path -> (namespace, rid, bytes, written, keys): the whole files model, for
+        comparing engines with a fresh replay."""
+        with self._thread_lock:
+            out = {}
+            for p, r in self._res.items():
+                f = self._spaces[r.ns].disk.files[r.fid]
+                out[p] = (r.ns, r.rid, f.nbytes, f.ready, tuple(sorted(f.keys)))
+            return out
 
     def drain(self, ns: str, refresh: bool = False) -> tuple[list[str], list[str]]:
         """Files of ``ns`` written and files gone since the last call (``refresh``: replay
@@ -147,7 +326,7 @@ class RootLedger:
                 pass
         with self._thread_lock:
             events = self._events.pop(ns, {})
-            return ([p for p, w in events.items() if w and p in self._where],
+            return ([p for p, w in events.items() if w and p in self._res],
                     [p for p, w in events.items() if not w])
 
     def _changed(self) -> bool:
@@ -170,71 +349,89 @@ class RootLedger:
                         total += f.nbytes * sum(k in stranded for k in f.keys) // len(f.keys)
             return total
 
-    def _tick(self, disk: Disk) -> None:
-        disk.clock = self._clock
+    # -- applying records -------------------------------------------------------
 
-    def _tock(self, disk: Disk) -> None:
-        self._clock = max(self._clock, disk.clock)
+    def _current(self, rec: dict[str, Any]) -> str | None:
+        """The path a record's rid names now (None: an older reservation, or none)."""
+        return self._by_rid.get(rec["rid"])
 
-    def _apply(self, rec: dict[str, Any]) -> None:
-        op = rec.get("op")
+    def _apply(self, rec: dict[str, Any], line_bytes: int = 0) -> None:
+        op = rec["op"]
+        if op == "budget":
+            self._recorded_budget = rec["bytes"]  # the last one recorded holds
+            return
+        if op == "use":
+            for rid in rec["rids"]:
+                path = self._by_rid.get(rid)
+                if path is not None:
+                    r = self._res[path]
+                    space = self._spaces[r.ns]
+                    if space.disk.files[r.fid].ready:
+                        self._touch(space, r.fid)
+            return
         if op == "add":
-            path = rec["path"]
-            if path in self._where:
-                return
-            space = self._space(rec["ns"])
-            fragment = _fragment_of(rec["fragment"])
-            space.structure.record(fragment)
-            keys = [bytes.fromhex(k) for k in rec["keys"]]
-            keys = [k for k in dict.fromkeys(keys) if k not in space.disk.file_of]
-            self._tick(space.disk)
-            fid = space.disk.add(keys, int(rec["bytes"]), ready=False)
-            self._tock(space.disk)
-            space.path_of[fid] = path
-            self._where[path] = (rec["ns"], fid)
-            self._owners[path] = rec.get("owner", ["", 0])
-            self._live_records += 1
-        elif op == "done":
-            where = self._where.get(rec["path"])
-            if where is None:
-                return
-            self._owners.pop(rec["path"], None)
-            space = self._spaces[where[0]]
-            if rec.get("ok"):
-                space.disk.files[where[1]].ready = True
-                self._touch(space, where[1])
-                self._event(where[0], rec["path"], True)
+            self._add(rec, line_bytes)
+            return
+        path = self._current(rec)
+        if path is None:
+            return  # about an older reservation (or a line that lost its add)
+        r = self._res[path]
+        space = self._spaces[r.ns]
+        if op == "done":
+            self._pending.discard(path)
+            if rec["ok"]:
+                space.disk.files[r.fid].ready = True
+                self._touch(space, r.fid)
+                self._event(r.ns, path, True)
             else:
-                self._remove(rec["path"])
+                self._remove(path)
         elif op == "rm":
-            self._remove(rec["path"])
-        elif op == "drop":
-            self._drop(rec["path"], {bytes.fromhex(k) for k in rec["keys"]})
-        elif op == "use":
-            for path in rec["paths"]:
-                where = self._where.get(path)
-                if where is not None and where[1] in self._spaces[where[0]].disk.files:
-                    self._touch(self._spaces[where[0]], where[1])
-
-    def _drop(self, path: str, keys: set[bytes]) -> None:
-        where = self._where.get(path)
-        if where is None:
-            return
-        space = self._spaces[where[0]]
-        f = space.disk.files.get(where[1])
-        if f is None:
-            return
-        left = tuple(k for k in f.keys if k not in keys)
-        if not left:
             self._remove(path)
-            return
-        space.disk.remove(where[1])
-        space.disk._restore(where[1], _File(left, f.nbytes, f.last_use, f.ready, f.pins))
+        elif op == "drop":
+            f = space.disk.files[r.fid]
+            left = tuple(k for k in f.keys if k not in set(rec["keys"]))
+            if not left:
+                self._remove(path)
+            elif len(left) < len(f.keys):
+                space.disk.keep_keys(r.fid, left)
+        elif op == "size":
+            f = space.disk.files[r.fid]
+            if rec["bytes"] != f.nbytes:
+                keys, ready, use = f.keys, f.ready, f.last_use
+                space.disk.remove(r.fid)
+                fid = space.disk.add(keys, rec["bytes"], ready=ready)
+                space.disk.files[fid].last_use = use
+                space.path_of.pop(r.fid, None)
+                space.path_of[fid] = path
+                r.fid = fid
+
+    def _add(self, rec: dict[str, Any], line_bytes: int) -> None:
+        path, rid = rec["path"], rec["rid"]
+        if path in self._res:
+            if rec["legacy"] or self._res[path].rid == rid:
+                return
+            self._remove(path)  # a newer reservation of the same path replaces the old one
+        space = self._space(rec["ns"])
+        space.structure.record(rec["fragment"])
+        keys = [k for k in dict.fromkeys(rec["keys"]) if k not in space.disk.file_of]
+        self._tick(space.disk)
+        fid = space.disk.add(keys, rec["bytes"], ready=False)
+        self._tock(space.disk)
+        space.path_of[fid] = path
+        self._res[path] = _Reservation(rid, rec["ns"], fid, rec["owner"], line_bytes)
+        self._by_rid[rid] = path
+        self._pending.add(path)
 
     def _event(self, ns: str, path: str, written: bool) -> None:
         events = self._events.setdefault(ns, {})
         events.pop(path, None)
         events[path] = written
+
+    def _tick(self, disk: Disk) -> None:
+        disk.clock = self._clock
+
+    def _tock(self, disk: Disk) -> None:
+        self._clock = max(self._clock, disk.clock)
 
     def _touch(self, space: _Namespace, fid: int) -> None:
         self._tick(space.disk)
@@ -242,52 +439,60 @@ class RootLedger:
         self._tock(space.disk)
 
     def _remove(self, path: str) -> None:
-        where = self._where.pop(path, None)
-        self._owners.pop(path, None)
-        if where is None:
+        r = self._res.pop(path, None)
+        self._pending.discard(path)
+        if r is None:
             return
-        self._event(where[0], path, False)
-        space = self._spaces[where[0]]
-        if where[1] in space.disk.files:
-            space.disk.remove(where[1])
-        space.path_of.pop(where[1], None)
-        self._live_records -= 1
+        self._by_rid.pop(r.rid, None)
+        self._event(r.ns, path, False)
+        space = self._spaces[r.ns]
+        if r.fid in space.disk.files:
+            space.disk.remove(r.fid)
+        space.path_of.pop(r.fid, None)
 
     # -- the lock and the journal ---------------------------------------------
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
+        """The root's lock: replayed, dead owners reclaimed, reads journaled, then the body;
+        the journal compacted when it passed half the reserve."""
         with self._thread_lock:
             fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                flock(fd, fcntl.LOCK_EX, self.root)
                 self._sync()
+                self._reclaim_dead()
+                self._flush_uses()
                 yield
+                self._compact_if_large()
             finally:
                 os.close(fd)  # releases the flock
 
     def _sync(self) -> None:
-        """Replay what was appended since this tier last read the ledger (all of it when
-        another engine compacted it: a new inode)."""
+        """Replay what was appended since this ledger last read the journal (all of it when
+        another engine compacted it, or it shrank: a new inode or a smaller size)."""
         try:
             st = os.stat(self.ledger_path)
         except FileNotFoundError:
             if self._inode is not None:
-                self._reset()
+                self._replay_all(keep_events=True, from_disk=False)
             return
-        if st.st_ino != self._inode:
-            before = dict(self._where)
+        if st.st_ino != self._inode or st.st_size < self._offset:
+            before = {p: r.ns for p, r in self._res.items()}
             events = self._events
+            kept = {**self._kept, **{ns: space.structure for ns, space in self._spaces.items()}}
             self._reset()
+            self._kept = kept
             self._inode = st.st_ino
             self._replay(st.st_size)
+            self._kept = {}
             self._events = events
-            for path, (ns, _) in before.items():
-                if path not in self._where:
+            for path, ns in before.items():
+                if path not in self._res:
                     self._event(ns, path, False)
-            for path, (ns, fid) in self._where.items():
-                if path not in before and self._spaces[ns].disk.files[fid].ready:
-                    self._event(ns, path, True)
+            for path, r in self._res.items():
+                if path not in before and self._spaces[r.ns].disk.files[r.fid].ready:
+                    self._event(r.ns, path, True)
             return
         self._replay(st.st_size)
 
@@ -299,39 +504,85 @@ class RootLedger:
             data = f.read(size - self._offset)
         end = data.rfind(b"\n") + 1
         for line in data[:end].splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue  # a record torn by a writer killed mid-append
-            self._count_add(rec, len(line))
-            self._apply(rec)
+            rec = decode(line)
+            if rec is None:
+                if line.strip():
+                    self.counters.add(journal_records_skipped=1)
+                continue
+            self._apply(rec, len(line) + 1)
         self._offset += end
 
-    def _count_add(self, rec: dict[str, Any], nbytes: int) -> None:
-        if rec.get("op") == "add":
-            self._add_bytes += nbytes
-            self._adds += 1
-
     def _append(self, records: Sequence[dict[str, Any]]) -> None:
+        """Append ``records`` whole, then apply them; a write that fails (a full disk)
+        leaves the journal as it was (truncated back) and the model unchanged."""
         if not records:
             return
-        lines = [json.dumps(r, separators=(",", ":")).encode() for r in records]
-        for r, line in zip(records, lines, strict=True):
-            self._count_add(r, len(line))
-        data = b"".join(line + b"\n" for line in lines)
+        data = b"".join(encode(r) for r in records)
         fd = os.open(self.ledger_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             st = os.fstat(fd)
-            if st.st_size > self._offset:  # a torn tail: start on a new line
-                data = b"\n" + data
             if self._inode != st.st_ino:
                 self._inode, self._offset = st.st_ino, 0
-            os.write(fd, data)
-            self._offset = os.fstat(fd).st_size
+            start = st.st_size
+            if start > self._offset:  # a torn tail a crashed writer left: end it on its own line
+                data = b"\n" + data
+            try:
+                view = memoryview(data)
+                while view:
+                    n = self.io.write(fd, bytes(view))
+                    if n <= 0:
+                        raise OSError(errno.ENOSPC, "the ledger's write made no progress")
+                    view = view[n:]
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, start)
+                raise
+            self._offset = start + len(data)
         finally:
             os.close(fd)
         for r in records:
-            self._apply(r)
+            rec = decode(encode(r))
+            assert rec is not None, r
+            self._apply(rec, len(encode(r)))
+
+    # -- dead owners ------------------------------------------------------------
+
+    def _reclaim_dead(self) -> list[str]:
+        """Fail the reservations of owners whose lease is free: their files and temporary
+        files are removed, then ``done`` false is appended (and what that strands goes)."""
+        if not self._pending:
+            return []
+        alive: dict[str, bool] = {}
+        dead = []
+        for path in sorted(self._pending):
+            owner = self._res[path].owner
+            if owner == self.owner:
+                continue
+            if owner not in alive:
+                alive[owner] = owner_alive(self.root, owner)
+            if not alive[owner]:
+                dead.append(path)
+        if not dead:
+            return []
+        for path in dead:
+            self._unlink_with_temps(path)
+        self.counters.add(reservations_reclaimed=len(dead))
+        return self._complete_locked([(p, self._res[p].rid, False) for p in dead])
+
+    def _unlink_with_temps(self, path: str) -> None:
+        full = os.path.join(self.root, path)
+        for tmp in glob.glob(glob.escape(full) + ".*" + TEMP_SUFFIX):
+            self.io.unlink(tmp)
+        self.io.unlink(full)
+
+    # -- uses -------------------------------------------------------------------
+
+    def _flush_uses(self) -> None:
+        if self._uses:
+            rids = [r for r in self._uses if r in self._by_rid]
+            self._uses = {}
+            if rids:
+                self._append([{"op": "use", "rids": rids}])
 
     # -- what a tier does -------------------------------------------------------
 
@@ -343,14 +594,12 @@ class RootLedger:
         """Room for new files of ``ns`` (each a list of keys), evicting by the rule first.
 
         Returns the files to write, ``(path, keys)``: under the rule, keys that would
-        arrive stranded (their parent is not on the root, or no boundary they serve
-        could be whole) are left out, and a file left empty is not written.  Keys
-        already on the root are left out too.  None when they do not fit: nothing
-        reserved, nothing evicted.  Victims are removed from the ledger and unlinked
-        before this returns.  ``positions``: the request's key -> end token, observed
-        first (:meth:`observe`).  ``servable(key, path)``: whether the tier can still load a
-        key the ledger holds in the file at ``path``; a key it cannot (its section failed, its file vanished) leaves its
-        file first (:meth:`drop_keys`) and is stored anew."""
+        arrive stranded are left out, and a file left empty is not written.  Keys already
+        on the root are left out too.  None when they do not fit: nothing reserved,
+        nothing evicted.  Victims are unlinked, then their ``rm`` records appended, before
+        this returns.  ``positions``: the request's key -> end token.  ``servable(key,
+        path)``: whether the tier can still load a key the ledger holds in the file at
+        ``path``; a key it cannot leaves its file first and is stored anew."""
         with self._locked():
             space = self._space(ns)
             if positions:
@@ -364,15 +613,13 @@ class RootLedger:
                                 and not servable(k, space.path_of[fid])):
                             dead.setdefault(space.path_of[fid], []).append(k)
                 for path, keys in dead.items():
-                    self._drop_keys_locked(path, keys)
+                    self._drop_keys_locked(path, self._res[path].rid, keys)
             out: list[tuple[str, tuple[bytes, ...]]] = []
             taken: set[bytes] = set()
             offered = [k for k in dict.fromkeys(k for keys in files for k in keys)
                        if k not in space.disk.file_of]
             bad: set[bytes] = set()
             if self.rule is EvictionRule.REACHABLE and offered:
-                # the job's files arrive together; chunked prefill stores a boundary's
-                # window chunks before its full-attention chunk
                 bad = space.disk.arrives_stranded(offered, pending_windows=True)
                 self.counters.add(keys_not_admitted=len(bad))
             for keys in files:
@@ -381,7 +628,7 @@ class RootLedger:
                 if not new:
                     continue
                 path = name_of(new)
-                if path in self._where:
+                if path in self._res:
                     continue
                 taken.update(new)
                 out.append((path, tuple(new)))
@@ -392,86 +639,111 @@ class RootLedger:
                 self._tick(space.disk)
                 added.append(space.disk.add(keys, size_of(keys), ready=False))
                 self._tock(space.disk)
-            victims = self._evict(0)
+            victims = self._plan_evictions()
             if victims is None:
-                self._replay_all()  # drops the files just added (and any removal)
                 self.counters.add(stores_refused=1)
                 return None
             for fid in added:
                 space.disk.remove(fid)
-            records: list[dict[str, Any]] = [{"op": "rm", "path": p} for p, _ in victims]
+            self._evict(victims)
+            records: list[dict[str, Any]] = []
+            rids = []
             for path, keys in out:
+                rid = f"{self.owner}.{next(self._rids)}"
+                rids.append(rid)
                 records.append({
-                    "op": "add", "ns": ns, "path": path, "bytes": size_of(keys),
-                    "keys": _hex(keys), "owner": self._owner,
-                    "fragment": _fragment_json(space.structure.fragment(keys)),
+                    "op": "add", "rid": rid, "ns": ns, "path": path, "bytes": size_of(keys),
+                    "keys": hex_keys(keys), "owner": self.owner,
+                    "fragment": fragment_json(space.structure.fragment(keys)),
                 })
             self._append(records)
-            for p, _ in victims:
-                self._unlink(os.path.join(self.root, p))
-            self.counters.add(files_evicted=len(victims),
-                              bytes_evicted=sum(n for _, n in victims))
+            for (path, _), rid in zip(out, rids, strict=True):
+                self._mine[path] = rid
             return out
 
-    def _candidates(self) -> Iterator[tuple[int, str, tuple[int, ...]]]:
-        for ns, space in self._spaces.items():
-            disk = space.disk
-            if self.rule is EvictionRule.REACHABLE:
-                unit = disk._next_unit()
-                if unit is not None:
-                    disk._push_if_leaf(unit[0])  # _next_unit popped it; it may not be taken
-            else:
-                unit = disk._lru_file()
-            if unit is not None:
-                yield disk.files[unit[0]].last_use, ns, unit
-
-    def _evict(self, needed: int) -> list[tuple[str, int]] | None:
-        """Remove units by the rule from the model until ``needed`` more bytes fit; the
-        victims ``(path, bytes)`` (the caller appends their ``rm`` records and unlinks
-        them), or None with the model as the journal says (replayed: a refusal is rare,
-        and undoing the removals one by one costs O(files) each)."""
+    def _plan_evictions(self, partial: bool = False) -> list[tuple[str, int]] | None:
+        """Remove units by the rule from the files model until its files fit the files'
+        budget; the victims ``(path, bytes)`` in order (still named by the ledger: the
+        caller unlinks them and appends their ``rm`` with :meth:`_evict`).  When nothing
+        more may go: None with the model as the journal says (``partial``: the victims so
+        far, the rest being pinned by pending reservations)."""
         victims: list[tuple[str, int]] = []
-        while self.total_bytes + needed > self.budget:
-            best = min(self._candidates(), default=None)
+        total = self.total_bytes
+        while total > self.files_budget:
+            best = None
+            for space in self._spaces.values():
+                unit = space.disk.next_victim(self.rule)
+                if unit is not None:
+                    use = space.disk.files[unit[0]].last_use
+                    if best is None or use < best[0]:
+                        best = (use, space, unit)
             if best is None:
-                return None  # the caller replays the journal: the model as it was
-            _, ns, unit = best
-            space = self._spaces[ns]
+                if partial:
+                    break
+                self._replay_all()  # a refusal is rare: the model as the journal says
+                return None
+            _, space, unit = best
             for fid in unit:
-                path = space.path_of[fid]
-                victims.append((path, space.disk.files[fid].nbytes))
-                self._remove(path)
+                f = space.disk.files[fid]
+                victims.append((space.path_of[fid], f.nbytes))
+                total -= f.nbytes
+                space.disk.remove(fid)
         return victims
 
-    def _replay_all(self) -> None:
-        """The files model as the journal says, rebuilt; the pending events and the
-        prefix structures are kept (a structure holds what this tier observed of requests
-        whose chunks are not stored, e.g. the parent of a refused store's keys)."""
+    def _evict(self, victims: Sequence[tuple[str, int]]) -> None:
+        """Unlink the victims, then append their ``rm`` records (a crash between the two
+        over-counts: the ledger names a file that is gone, which is safe)."""
+        if not victims:
+            return
+        records = [{"op": "rm", "rid": self._res[p].rid} for p, _ in victims]
+        try:
+            for path, _ in victims:
+                self.io.unlink(os.path.join(self.root, path))
+            self._append(records)
+        except OSError:
+            self._replay_all()  # the victims' removal undone in the model (an over-count)
+            raise
+        self.counters.add(files_evicted=len(victims), bytes_evicted=sum(n for _, n in victims))
+
+    def _replay_all(self, keep_events: bool = True, from_disk: bool = True) -> None:
+        """The files model as the journal says, rebuilt (the prefix structures kept)."""
         events = self._events
         kept = {ns: space.structure for ns, space in self._spaces.items()}
         self._reset()
         self._kept = kept
-        self._sync()
+        if from_disk:
+            self._sync()
         self._kept = {}
-        self._events = events
+        if keep_events:
+            self._events = events
 
     def complete(self, results: Sequence[tuple[str, bool]]) -> list[str]:
-        """Files written (True) or failed (False).  A failed file leaves the ledger, and
-        under the rule so do the files its absence strands (a failed store leaves no
-        trace): they are unlinked; returns their paths."""
+        """This ledger's reservations written (True) or failed (False).  A failed file is
+        removed and leaves the ledger, and under the rule so do the files its absence
+        strands.  Returns the paths removed.  A path this ledger did not reserve (or
+        already completed) is ignored."""
         with self._locked():
-            self._append([{"op": "done", "path": p, "ok": ok} for p, ok in results])
-            if all(ok for _, ok in results) or self.rule is not EvictionRule.REACHABLE:
-                return []
-            return self._drop_stranded()
+            mine = [(p, self._mine.pop(p), ok) for p, ok in results if p in self._mine]
+            return self._complete_locked(mine)
+
+    def _complete_locked(self, results: Sequence[tuple[str, str, bool]]) -> list[str]:
+        live = [(p, rid, ok) for p, rid, ok in results if self._by_rid.get(rid) == p]
+        if not live:
+            return []
+        for p, _, ok in live:
+            if not ok:
+                self.io.unlink(os.path.join(self.root, p))
+        self._append([{"op": "done", "rid": rid, "ok": ok} for _, rid, ok in live])
+        if all(ok for _, _, ok in live) or self.rule is not EvictionRule.REACHABLE:
+            return [p for p, _, ok in live if not ok]
+        return [p for p, _, ok in live if not ok] + self._drop_stranded()
 
     def _drop_stranded(self) -> list[str]:
-        """Stranded keys leave the ledger's model (a file whose every key is stranded
-        goes: removed and unlinked); returns the paths removed.  Files being written
-        are left alone (their keys are judged when they complete)."""
+        """Stranded keys leave the model (a file whose every key is stranded goes: unlinked,
+        then removed); returns the paths removed.  Files being written are left alone."""
         gone: list[str] = []
         while True:
-            records: list[dict[str, Any]] = []
+            drops: list[dict[str, Any]] = []
             victims: list[str] = []
             for space in self._spaces.values():
                 by_file: dict[int, list[bytes]] = {}
@@ -483,134 +755,180 @@ class RootLedger:
                         continue
                     path = space.path_of[fid]
                     if len(keys) == len(f.keys):
-                        records.append({"op": "rm", "path": path})
                         victims.append(path)
                     else:
-                        records.append({"op": "drop", "path": path, "keys": _hex(keys)})
-            if not records:
+                        drops.append({"op": "drop", "rid": self._res[path].rid,
+                                      "keys": hex_keys(keys)})
+            if not drops and not victims:
                 return gone
-            self._append(records)
             for p in victims:
-                self._unlink(os.path.join(self.root, p))
+                self.io.unlink(os.path.join(self.root, p))
+            self._append([{"op": "rm", "rid": self._res[p].rid} for p in victims] + drops)
             self.counters.add(files_evicted=len(victims))
             gone += victims
 
-    def drop_keys(self, path: str, keys: Iterable[bytes]) -> list[str]:
-        """Keys of a file no load can serve any more (their section failed verification):
-        they leave the ledger's model of the file, and the files that strands go (the
-        rule); a file left with no key goes too.  Returns the paths removed."""
+    def drop_keys(self, path: str, keys: Iterable[bytes], rid: str | None = None) -> list[str]:
+        """Keys of a file no load can serve any more: they leave the ledger's model of the
+        file, and the files that strands go (the rule); a file left with no key goes too.
+        ``rid``: the reservation the load read (a newer one of the path is left alone).
+        Returns the paths removed."""
         with self._locked():
-            return self._drop_keys_locked(path, list(keys))
+            current = self._res.get(path)
+            if current is None or (rid is not None and rid != current.rid):
+                return []
+            return self._drop_keys_locked(path, current.rid, list(keys))
 
-    def _drop_keys_locked(self, path: str, keys: list[bytes]) -> list[str]:
-        if path not in self._where or not keys:
+    def _drop_keys_locked(self, path: str, rid: str, keys: list[bytes]) -> list[str]:
+        if not keys:
             return []
-        self._append([{"op": "drop", "path": path, "keys": _hex(keys)}])
+        f = self._spaces[self._res[path].ns].disk.files[self._res[path].fid]
         gone = []
-        if path not in self._where:  # no key left: the file goes
-            self._unlink(os.path.join(self.root, path))
+        if set(f.keys) <= set(keys):  # no key left: the file goes
+            self.io.unlink(os.path.join(self.root, path))
             gone.append(path)
+        self._append([{"op": "drop", "rid": rid, "keys": hex_keys(keys)}])
         if self.rule is EvictionRule.REACHABLE:
             gone += self._drop_stranded()
         return gone
 
-    def touch(self, paths: Iterable[str]) -> None:
-        """Files read (their use time becomes now, for every engine)."""
-        paths = [p for p in dict.fromkeys(paths)]
-        if not paths:
-            return
-        with self._locked():
-            known = [p for p in paths if p in self._where]
-            if known:
-                self._append([{"op": "use", "paths": known}])
+    def touch(self, paths: Iterable[str], rids: dict[str, str] | None = None) -> None:
+        """Files read (their use time becomes now, for every engine): journaled in batches
+        of :data:`USE_BATCH`, or at this ledger's next locked operation.  ``rids``: the
+        reservations the load read (:meth:`rids`); by default the current ones."""
+        with self._thread_lock:
+            for p in paths:
+                rid = rids.get(p) if rids is not None else (
+                    self._res[p].rid if p in self._res else None)
+                if rid is not None:
+                    self._uses[rid] = None
+            flush = len(self._uses) >= USE_BATCH
+        if flush:
+            with self._locked():
+                pass
 
-    def forget(self, paths: Iterable[str]) -> None:
-        """Files that are gone (a bad file deleted or quarantined by a load)."""
+    def forget(self, paths: Iterable[str] | dict[str, str]) -> None:
+        """Files that are gone (a bad file deleted or quarantined by a load).  Given as
+        path -> rid (:meth:`rids` when the load began), a path reserved anew since is
+        left alone; given as paths, the current reservations go."""
         with self._locked():
-            self._append([{"op": "rm", "path": p} for p in paths if p in self._where])
+            items = (paths.items() if isinstance(paths, dict)
+                     else ((p, self._res[p].rid) for p in paths if p in self._res))
+            records = [{"op": "rm", "rid": rid} for p, rid in items
+                       if self._by_rid.get(rid) == p and p not in self._pending]
+            self._append(records)
 
     def removed_since(self, known: Iterable[str]) -> list[str]:
         """Of ``known`` paths, those the ledger no longer holds (after replaying it)."""
         with self._locked():
-            return [p for p in known if p not in self._where]
+            return [p for p in known if p not in self._res]
+
+    def sync(self) -> None:
+        """Replay what other engines appended and reclaim dead owners (takes the lock)."""
+        with self._locked():
+            pass
 
     def start(self, ns: str, on_disk: Iterable[str]) -> dict[str, int]:
         """A tier of ``ns`` starts over the root (``on_disk``: its namespace's files, paths
         relative to the root): dead writers' reservations fail, the ledger and the
-        directory are reconciled, and the budget is enforced.  Counts of what it did."""
+        directory are reconciled (names and sizes), and the budget is enforced.  Counts of
+        what it did."""
         with self._locked():
             on_disk = set(on_disk)
-            reclaimed = [p for p, owner in self._owners.items() if not _alive(owner)]
-            gone = self.complete_locked([(p, False) for p in reclaimed])
-            mine = {p for p, (n, _) in self._where.items() if n == ns}
-            missing = sorted(p for p in mine - on_disk if p not in self._owners)
-            self._append([{"op": "rm", "path": p} for p in missing])
-            orphans = sorted(on_disk - mine - set(gone) - set(reclaimed))
+            mine = {p for p, r in self._res.items() if r.ns == ns}
+            missing = sorted(p for p in mine - on_disk if p not in self._pending)
+            self._append([{"op": "rm", "rid": self._res[p].rid} for p in missing])
+            orphans = sorted(on_disk - mine)
             for p in orphans:
-                self._unlink(os.path.join(self.root, p))
-            victims = self._evict(0) or []
-            self._append([{"op": "rm", "path": p} for p, _ in victims])
-            for p, _ in victims:
-                self._unlink(os.path.join(self.root, p))
-            self.counters.add(orphans_removed=len(orphans), reservations_reclaimed=len(reclaimed),
-                              files_evicted=len(victims))
-            self._compact_if_large()
-            return {"reclaimed": len(reclaimed), "missing": len(missing),
+                self.io.unlink(os.path.join(self.root, p))
+            self._reconcile_sizes()
+            victims = self._plan_evictions(partial=True) or []
+            self._evict(victims)
+            if self.rule is EvictionRule.REACHABLE:
+                self._drop_stranded()
+            self.counters.add(orphans_removed=len(orphans))
+            reclaimed = self.counters.as_dict()["reservations_reclaimed"]  # since the ledger opened
+            return {"reclaimed": reclaimed, "missing": len(missing),
                     "orphans": len(orphans), "evicted": len(victims),
-                    "files": len(self._where), "bytes": self.total_bytes}
+                    "files": len(self._res), "bytes": self.total_bytes}
 
-    def complete_locked(self, results: Sequence[tuple[str, bool]]) -> list[str]:
-        if not results:
-            return []
-        for p, ok in results:
-            if not ok:
-                self._unlink(os.path.join(self.root, p))
-        self._append([{"op": "done", "path": p, "ok": ok} for p, ok in results])
-        if self.rule is not EvictionRule.REACHABLE:
-            return []
-        return self._drop_stranded()
+    def _reconcile_sizes(self) -> None:
+        """Written files whose size on disk differs from their record get a ``size`` record
+        (a damaged or lying journal never lets the root pass its budget)."""
+        records = []
+        for path, r in self._res.items():
+            if path in self._pending:
+                continue
+            try:
+                size = os.stat(os.path.join(self.root, path)).st_size
+            except FileNotFoundError:
+                continue
+            if size != self._spaces[r.ns].disk.files[r.fid].nbytes:
+                records.append({"op": "size", "rid": r.rid, "bytes": size})
+        self._append(records)
+
+    def close(self) -> None:
+        """Journal pending reads and release the lease (the tier is shut down)."""
+        with contextlib.suppress(OSError):
+            with self._locked():
+                pass
+        self.lease.release()
 
     # -- compaction -------------------------------------------------------------
 
-    def _compact_if_large(self) -> None:
-        size = self._offset
-        if size >= COMPACT_MIN_BYTES and size > 4 * self._snapshot_estimate():
-            self.compact_locked()
+    @property
+    def compact_at(self) -> int:
+        """The journal is compacted once it passes this (half the reserve)."""
+        return max(COMPACT_MIN_BYTES, self.ledger_bytes // 2)
 
-    def _snapshot_estimate(self) -> int:
-        """Bytes a compacted ledger takes: the live files' add records (and their done)."""
-        per_file = self._add_bytes / self._adds if self._adds else 512
-        return int(max(1, self._live_records) * (per_file + 64))
+    def _compact_if_large(self) -> None:
+        if self._offset > self.compact_at:
+            self.compact_locked()
 
     def compact(self) -> None:
         with self._locked():
             self.compact_locked()
 
     def compact_locked(self) -> None:
-        """Rewrite the ledger as the live files, least recently used first (same model)."""
-        entries = []
-        for ns, space in self._spaces.items():
-            for fid, f in space.disk.files.items():
-                entries.append((f.last_use, ns, fid, f))
-        records: list[dict[str, Any]] = []
-        for _, ns, fid, f in sorted(entries, key=lambda e: e[0]):
-            space = self._spaces[ns]
-            path = space.path_of[fid]
-            records.append({
-                "op": "add", "ns": ns, "path": path, "bytes": f.nbytes, "keys": _hex(f.keys),
-                "owner": self._owners.get(path, self._owner),
-                "fragment": _fragment_json(space.structure.fragment(f.keys)),
-            })
-            if f.ready:
-                records.append({"op": "done", "path": path, "ok": True})
-        tmp = f"{self.ledger_path}.{os.getpid()}.compact"
-        with open(tmp, "wb") as out:
-            for r in records:
-                out.write(json.dumps(r, separators=(",", ":")).encode() + b"\n")
-        os.replace(tmp, self.ledger_path)
+        """Rewrite the journal as the live files, least recently used first (same model).
+        When even that passes half the reserve, files are evicted by the rule until it fits."""
+        while True:
+            records = self._snapshot()
+            size = sum(len(encode(r)) for r in records)
+            if size <= self.compact_at or not self._res or self.ledger_bytes == 0:
+                break
+            victims = self._plan_evictions(partial=True) or []
+            if not victims:
+                break
+            per_file = size / max(1, len(self._res))
+            need = int((size - self.compact_at) / per_file) + 1
+            self._evict(victims[:need])
+        tmp = f"{self.ledger_path}.{self.owner}.compact"
+        try:
+            with open(tmp, "wb") as out:
+                for r in records:
+                    out.write(encode(r))
+            self.io.replace(tmp, self.ledger_path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            return  # the long journal stays valid; the next acquisition tries again
+        self.counters.add(compactions=1)
         self._sync()  # a new inode: replayed whole, the structures pruned to the live files
 
-
-def _unlink_quietly(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+    def _snapshot(self) -> list[dict[str, Any]]:
+        records: list[dict[str, Any]] = [{"op": "budget", "bytes": self._recorded_budget
+                                          if self._recorded_budget is not None else self.budget}]
+        entries = []
+        for path, r in self._res.items():
+            f = self._spaces[r.ns].disk.files[r.fid]
+            entries.append((f.last_use, path, r, f))
+        for _, path, r, f in sorted(entries, key=lambda e: e[0]):
+            space = self._spaces[r.ns]
+            records.append({
+                "op": "add", "rid": r.rid, "ns": r.ns, "path": path, "bytes": f.nbytes,
+                "keys": hex_keys(f.keys), "owner": r.owner,
+                "fragment": fragment_json(space.structure.fragment(f.keys)),
+            })
+            if f.ready:
+                records.append({"op": "done", "rid": r.rid, "ok": True})
+        return records

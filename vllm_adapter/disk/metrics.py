@@ -94,6 +94,8 @@ BUDGET_COUNTERS: dict[str, str] = {
     ),
     "orphans_removed": "Files without a ledger entry this kvchunk file tier removed.",
     "reservations_reclaimed": "Reservations of dead writers this kvchunk file tier failed.",
+    "journal_records_skipped": "Torn or damaged ledger journal lines this kvchunk file tier skipped.",
+    "compactions": "Ledger journal compactions this kvchunk file tier ran.",
 }
 """Counters from :meth:`~vllm_adapter.disk.tier_budget.TierBudget.snapshot` (this tier's)."""
 
@@ -104,6 +106,7 @@ GAUGES: dict[str, str] = {
         "in bytes."
     ),
     "disk_files": "Files on the kvchunk file tier's root (every engine's).",
+    "ledger_bytes": "Bytes of the root's ledger journal (inside disk_bytes_to_use).",
     "stranded_bytes": (
         "Bytes on the kvchunk file tier's root that no lookup can reach any more; "
         "must be 0 (sampled at most every 10 s)."
@@ -179,8 +182,10 @@ class TierStats:
 
     def sample(self, counters: TierCounters, budget: TierBudget) -> V.OffloadingConnectorStats | None:
         """:meth:`collect` over ``budget``'s snapshot, ``stranded_bytes`` included when
-        :meth:`stranded_due`: the whole of a tier's ``get_stats``."""
-        return self.collect(counters, budget.snapshot(stranded=self.stranded_due()))
+        :meth:`stranded_due`: the whole of a tier's ``get_stats``.  It runs on vLLM's
+        scheduler thread, so it never waits for the ledger
+        (:meth:`~vllm_adapter.disk.tier_budget.TierBudget.snapshot_nowait`)."""
+        return self.collect(counters, budget.snapshot_nowait(stranded=self.stranded_due()))
 
     def collect(
         self, counters: TierCounters, budget_snapshot: Mapping[str, int]

@@ -122,7 +122,7 @@ def namespace_digest(fields: Mapping[str, Any]) -> bytes:
 TIER_KEYS = (
     "type", "module_path", "root_dir", "n_read_threads", "n_write_threads", "enable_kv_events",
     "locality", "backpressure", "layout", "checksum", "bad_files", "fsync",
-    DB.DISK_BYTES_KEY, "eviction",
+    DB.DISK_BYTES_KEY, "eviction", "adopt_recorded_budget",
 )
 """The options of a kvchunk file tier: vLLM's fs tier's, and kvchunk's own."""
 LAYOUTS = ("per_chunk", "packed")
@@ -131,7 +131,7 @@ MAX_THREADS = 256
 """``n_read_threads`` / ``n_write_threads`` above this are a mistake (vLLM's default is 16)."""
 
 
-def _where(tier_index: int | None) -> str:
+def where_of(tier_index: int | None) -> str:
     if tier_index is None:
         return f"the '{names.KVCHUNK_FS_TIER}' secondary tier config"
     return f"secondary_tiers[{tier_index}] of kv_connector_extra_config"
@@ -139,7 +139,7 @@ def _where(tier_index: int | None) -> str:
 
 def check_tier_options(config: Mapping[str, Any], tier_index: int | None = None) -> None:
     """``ValueError`` naming the key and a valid value for each bad option of a file tier."""
-    where = _where(tier_index)
+    where = where_of(tier_index)
     unknown = sorted(set(config) - set(TIER_KEYS))
     if unknown:
         raise ValueError(
@@ -166,6 +166,11 @@ def check_tier_options(config: Mapping[str, Any], tier_index: int | None = None)
             f"got {config.get('bad_files')!r}"
         )
     DB.parse_eviction(config.get("eviction", "reachable"), where)
+    if not isinstance(config.get("adopt_recorded_budget", False), bool):
+        raise ValueError(
+            f"'adopt_recorded_budget' in {where} must be true (an engine whose "
+            f"'{DB.DISK_BYTES_KEY}' differs from the one recorded on the root uses the recorded "
+            f"one) or false (it refuses to start), got {config.get('adopt_recorded_budget')!r}")
     if not isinstance(config.get("fsync", False), bool):
         raise ValueError(f"'fsync' in {where} must be true or false, got {config.get('fsync')!r}")
     for key in ("n_read_threads", "n_write_threads"):
@@ -183,7 +188,7 @@ def usable_root(root: str, tier_index: int | None = None) -> str:
 
     ``ValueError`` naming ``root_dir`` when it cannot be expanded, created or written.
     """
-    where = _where(tier_index)
+    where = where_of(tier_index)
     path = os.path.expanduser(root)
     if path.startswith("~"):
         raise ValueError(
@@ -221,6 +226,6 @@ def kvchunk_tier_configs(configs: Any) -> list[Any]:
             root = usable_root(cfg["root_dir"], i)
             cfg = {**cfg, "type": names.KVCHUNK_FS_TIER, "root_dir": root,
                    DB.DISK_BYTES_KEY: DB.parse_disk_bytes(cfg.get(DB.DISK_BYTES_KEY), root,
-                                                          _where(i))}
+                                                          where_of(i))}
         out.append(cfg)
     return out

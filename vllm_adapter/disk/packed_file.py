@@ -60,8 +60,8 @@ from vllm_adapter.disk.chunk_file import (
     O_DIRECT,
     ChunkFileError,
     ChunkIO,
-    _discard,
     digest,
+    discard_bad_file,
     payload_digest,
     write_atomically,
 )
@@ -387,7 +387,7 @@ def load_packed(
                                   io.namespace, io.checksum)
         except ChunkFileError as exc:
             counters.bad(path, exc.why)
-            _discard(path, st, io)
+            discard_bad_file(path, st, io)
             return {k: exc.why for k, _ in wants}
         bad = dict(header.bad)
         by_key = {s.key: s for s in header.sections}

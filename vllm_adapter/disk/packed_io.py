@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from vllm_adapter.disk import packed_file as P
-from vllm_adapter.disk.chunk_file import ChunkFileError, ChunkIO, _slices
+from vllm_adapter.disk.chunk_file import ChunkFileError, ChunkIO, slices
 
 __all__ = ["PackedIndex", "load_packed_files", "store_packed_file"]
 
@@ -100,7 +100,7 @@ def store_packed_file(
     io: ChunkIO,
 ) -> tuple[P.Section, ...]:
     """One packed file of a store job's keys (region rows at ``offsets``); the sections written."""
-    sections = P.store_packed(path, keys, _slices(view, offsets, size), io)
+    sections = P.store_packed(path, keys, slices(view, offsets, size), io)
     io.counters.add(files_stored=1, sections_stored=len(sections))
     io.counters.per_group("sections_stored_per_group", [s.group for s in sections])
     return sections
@@ -119,7 +119,7 @@ def load_packed_files(
     """
     by_file: dict[str, list[tuple[bytes, memoryview]]] = {}
     failed: dict[bytes, str] = {}
-    rows = _slices(view, offsets, size)
+    rows = slices(view, offsets, size)
     for key, dest in zip(keys, rows, strict=True):
         where = index.get(bytes(key))
         if where is None:

@@ -46,7 +46,9 @@ writes **one file per store job** (:mod:`vllm_adapter.disk.packed_file`, the lay
 :mod:`reference.packed`): the tiering manager hands the tier every key of one
 GPU->CPU store as one job, and all of them, every group, become sections of one
 file.  The packed tier answers ``lookup(key)`` from an in-memory index, key ->
-(file, section), which it rebuilds from the files' headers when it starts; a key
+(file, section), which it rebuilds from the files' headers when it starts and a
+background thread keeps up with other engines' files (within ``POLL_SECONDS`` plus one
+ledger replay; the lookup itself never waits on the root's lock); a key
 already in the index is not written again; a load opens each file it needs once
 and reads adjacent sections in one call; a section that fails verification
 fails its key alone and leaves the index.
@@ -65,7 +67,6 @@ created and probed for writing there.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -99,17 +100,17 @@ from vllm_adapter.disk.fileio import TierFileIO
 from vllm_adapter.disk.metrics import TierStats, metric_definitions, with_kvchunk_tiers
 from vllm_adapter.disk.options import (
     DEFAULT_LAYOUT,
-    _where,
     check_tier_options,
     geometry,
     kvchunk_tier_configs,
     namespace_digest,
     usable_root,
+    where_of,
 )
 from vllm_adapter.disk.packed_io import PackedIndex
-from vllm_adapter.disk.tier_budget import TierBudget, key_positions
+from vllm_adapter.disk.tier_budget import POLL_SECONDS, TierBudget, key_positions, store_files
 from vllm_adapter.files import write_text_atomic
-from vllm_adapter.spec import _count
+from vllm_adapter.spec import count_option
 from vllm_adapter.tiering import ReferenceTieringOffloadingSpec
 
 __all__ = [
@@ -174,6 +175,15 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
     file per store job (:mod:`vllm_adapter.disk.packed_file`), lookups from
     :class:`~vllm_adapter.disk.packed_io.PackedIndex`; the thread pool, job bookkeeping and
     failed-load handling stay vLLM's.
+
+    Nothing vLLM's scheduler thread calls waits on another process: packed lookups read
+    the index only, and a ``kvchunk-fs-follow`` daemon thread per tier follows the root's
+    ledger (other engines' new and evicted files) every
+    :data:`~vllm_adapter.disk.tier_budget.POLL_SECONDS`, stopped by :meth:`shutdown` or when
+    the tier is garbage-collected.  Staleness bound: another engine's store is a MISS, and
+    its eviction may still be a HIT (the load then fails and vLLM recomputes), for at most
+    ``POLL_SECONDS`` plus one follower pass (the wait for the root's lock while another
+    engine holds it, a ledger replay, the new files' header reads); see :meth:`lookup`.
     """
 
     file_io_factory: Callable[[], TierFileIO] = TierFileIO
@@ -192,11 +202,13 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         fsync: bool = False,
         disk_bytes_to_use: Any = None,
         eviction: str = "reachable",
+        adopt_recorded_budget: bool = False,
         **kwargs: Any,
     ) -> None:
         check_tier_options(
             {"root_dir": root_dir, "layout": layout, "checksum": checksum,
              "bad_files": bad_files, "fsync": fsync, "eviction": eviction,
+             "adopt_recorded_budget": adopt_recorded_budget,
              **{k: v for k, v in kwargs.items() if k in ("n_read_threads", "n_write_threads")}}
         )
         assert root_dir is not None
@@ -226,11 +238,14 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
             counters=self.counters,
         )
         _write_json_once(os.path.join(self.namespace_dir, GEOMETRY_FILE), fields)
-        budget = DB.parse_disk_bytes(disk_bytes_to_use, root_dir, _where(None),
-                                     min_bytes=self._file_bytes([b"\0" * 36]))
+        budget = DB.parse_disk_bytes(disk_bytes_to_use, root_dir, where_of(None),
+                                     min_bytes=DB.min_disk_bytes(
+                                         layout, self._block_size,
+                                         len(offloading_spec.config.groups), HEADER_SIZE))
         self.budget = TierBudget(root_dir, self.namespace_dir, budget,
-                                 DB.parse_eviction(eviction, _where(None)),
-                                 DB.budget_chunking(offloading_spec.config))
+                                 DB.parse_eviction(eviction, where_of(None)),
+                                 DB.budget_chunking(offloading_spec.config),
+                                 adopt_budget=adopt_recorded_budget)
         """The root's byte budget, shared with every engine writing under ``root_dir``."""
         self._stats = TierStats()
         """What get_stats reported last (:mod:`vllm_adapter.disk.metrics`)."""
@@ -238,11 +253,22 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         """What the start did: dead writers' reservations failed, orphans removed, evictions."""
         self.index = PackedIndex()
         """Packed layout: key -> (file, section), rebuilt from the headers here."""
+        self._follow_lock = threading.Lock()
+        """Serializes one ledger poll with its index update (the follower, a store)."""
+        self._follow_stop = threading.Event()
+        self.follower: threading.Thread | None = None
+        """Packed layout: the ``kvchunk-fs-follow`` daemon thread (:meth:`lookup`)."""
         if layout == "packed":
             files, bad = self.index.rebuild(self.namespace_dir, self.io)
             if files or bad:
                 logger.info("kvchunk fs tier: indexed %d packed files (%d keys, %d bad) in %s",
                             files, len(self.index), bad, self.namespace_dir)
+            self.follower = threading.Thread(
+                target=_follow_root, args=(weakref.ref(self), self._follow_stop),
+                name="kvchunk-fs-follow", daemon=True,
+            )
+            weakref.finalize(self, self._follow_stop.set)
+            self.follower.start()
         self.sweeper = threading.Thread(
             target=self._sweep, name="kvchunk-fs-sweep", daemon=True
         )
@@ -294,27 +320,63 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         return [self.file_mapper.get_file_name(k) for k in keys], [key_digest(k) for k in keys]
 
     def lookup(self, key: Any, req_context: Any) -> Any:
+        """vLLM's scheduler thread asks: per-chunk layout, vLLM's lookup; packed layout, the
+        in-memory index alone (its short in-process lock).  Nothing here touches the root's
+        ledger or waits on another process: :meth:`_follow_ledger` runs on the
+        ``kvchunk-fs-follow`` thread (and a store's pool thread).
+
+        Staleness (packed layout): a key another engine stored is a MISS until the follower
+        indexes its file, at most :data:`~vllm_adapter.disk.tier_budget.POLL_SECONDS` plus
+        one follower pass (its wait for the root's lock, held by another engine for as long
+        as its reservation or eviction takes, the ledger replay and the new files' header
+        reads) after that engine's ``done`` record; a file another engine evicted may still
+        be a HIT for the same window: its load then fails (the file is missing), vLLM
+        recomputes the keys and the failed-load accounting drops the file from the index
+        and the ledger."""
         if self.layout == "per_chunk":
             result = super().lookup(key, req_context)
         else:
-            self._follow_ledger()
             result = V.LookupResult.HIT if bytes(key) in self.index else V.LookupResult.MISS
         self.counters.add(**{"lookup_hits" if result == V.LookupResult.HIT else "lookup_misses": 1})
         return result
 
     def _follow_ledger(self, force: bool = False) -> None:
-        """Packed layout: index the files other engines wrote, forget the files that left."""
-        added, removed = self.budget.poll(force)
-        for path in removed:
-            self.index.drop_file(path)
-        for path in added:
-            if self.index.has_file(path):
-                continue
-            try:
-                header = self.file_io.read_packed_header(path, self.io)
-            except OSError:
-                continue
-            self.index.add(path, header.sections)
+        """Packed layout: index the files other engines wrote, forget the files that left.
+
+        Waits for the root's lock when the ledger changed (another engine may hold it for
+        a whole eviction): call it from the follower thread or a pool thread, never from
+        vLLM's scheduler thread."""
+        with self._follow_lock:
+            added, removed = self.budget.poll(force)
+            for path in removed:
+                self.index.drop_file(path)
+            for path in added:
+                if self.index.has_file(path):
+                    continue
+                try:
+                    header = self.file_io.read_packed_header(path, self.io)
+                except OSError:
+                    continue
+                self.index.add(path, header.sections)
+
+    def stop_following(self, timeout: float = 5.0) -> None:
+        """Stop the ``kvchunk-fs-follow`` thread (:meth:`shutdown` does; it also stops when
+        the tier is garbage-collected).  Waits up to ``timeout`` seconds for its current pass
+        (which may be waiting for the root's lock)."""
+        self._follow_stop.set()
+        follower = self.follower
+        if follower is not None and follower is not threading.current_thread():
+            follower.join(timeout)
+            if follower.is_alive():
+                logger.warning("kvchunk fs tier: the ledger follower of %s did not stop "
+                               "within %.1f s (waiting for the root's lock?)",
+                               self.namespace_dir, timeout)
+
+    def shutdown(self) -> None:
+        """vLLM's (the lookup manager, the I/O pool), after the ledger follower stops."""
+        self.stop_following()
+        super().shutdown()
+        self.budget.close()  # pending reads journaled, the root's lease released
 
     def submit_store(self, job_metadata: Any) -> None:
         keys = list(job_metadata.keys)
@@ -332,37 +394,27 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         row = {bytes(k): (path, kid, off)
                for k, path, kid, off in zip(keys, paths, ids, offsets, strict=True)}
 
+        def write(path: str, keys_: tuple[bytes, ...]) -> None:
+            _, kid, off = row[keys_[0]]
+            self.file_io.store_chunks([path], [kid], self._primary_kv_view, [off],
+                                      self._block_size, self.io)
+
         def store_task() -> None:
-            admitted = self._reserve([[bytes(k)] for k in keys],
-                                     lambda ks: row[bytes(ks[0])][0], positions)
-            results, error = [], None
-            for path, (key,) in admitted:
-                _, kid, off = row[key]
-                try:
-                    self.file_io.store_chunks([path], [kid], self._primary_kv_view, [off],
-                                              self._block_size, self.io)
-                    results.append((path, True))
-                except OSError as exc:
-                    results.append((path, False))
-                    error = error or exc
-            self.budget.complete(results)
-            if error is not None:
-                self.counters.add(store_failures=1)
-                raise error
+            self._store([[bytes(k)] for k in keys], lambda ks: row[bytes(ks[0])][0], write,
+                        positions)
 
         return store_task
 
-    def _reserve(self, files: list[list[bytes]], name_of: Any,
-                 positions: dict[bytes, int]) -> list[tuple[str, tuple[bytes, ...]]]:
-        """Room under the budget for ``files`` (keys each); raises ``OSError`` (ENOSPC) when
-        the store is refused: nothing written, nothing advertised."""
-        admitted = self.budget.reserve(files, name_of, self._file_bytes, positions,
-                                       self._servable)
-        if admitted is None:
+    def _store(self, files: list[list[bytes]], name_of: Any, write: Any,
+               positions: dict[bytes, int], written: Any = None) -> list[str]:
+        """:func:`~vllm_adapter.disk.tier_budget.store_files` (reserve, write, complete; any
+        exception fails the reservation), counting a refused or failed store once."""
+        try:
+            return store_files(self.budget, files, name_of, self._file_bytes, write, positions,
+                               self._servable, written)
+        except BaseException:
             self.counters.add(store_failures=1)
-            raise OSError(errno.ENOSPC, f"kvchunk fs tier: disk_bytes_to_use "
-                          f"({self.budget.budget}) is full and nothing can be evicted")
-        return admitted
+            raise
 
     def _packed_store_task(self, keys: list[Any], offsets: list[int],
                            positions: dict[bytes, int]) -> Any:
@@ -373,38 +425,35 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         new = sorted(((bytes(k), off) for k, off in zip(keys, offsets, strict=True)
                       if bytes(k) not in self.index),
                      key=lambda ko: (P.group_of_key(ko[0]), positions.get(ko[0], 0)))
+        offset_of = dict(new)
+
+        def write(path: str, new_keys: tuple[bytes, ...]) -> Any:
+            self._follow_ledger(force=True)  # the files this store evicted leave the index
+            return self.file_io.store_packed(
+                path, new_keys, self._primary_kv_view, [offset_of[k] for k in new_keys],
+                self._block_size, self.io,
+            )
 
         def store_task() -> None:
             if not new:
                 return
-            offset_of = dict(new)
-            admitted = self._reserve([[k for k, _ in new]],
-                                     lambda ks: P.packed_name(self.namespace_dir, ks), positions)
-            self._follow_ledger(force=True)  # the files this store evicted leave the index
-            for path, new_keys in admitted:
-                try:
-                    sections = self.file_io.store_packed(
-                        path, new_keys, self._primary_kv_view, [offset_of[k] for k in new_keys],
-                        self._block_size, self.io,
-                    )
-                except OSError:
-                    self.budget.complete([(path, False)])
-                    self.counters.add(store_failures=1)
-                    raise
-                self.index.add(path, sections)
-                for gone in self.budget.complete([(path, True)]):
-                    self.index.drop_file(gone)
+            gone = self._store([[k for k, _ in new]],
+                               lambda ks: P.packed_name(self.namespace_dir, ks), write, positions,
+                               written=self.index.add)
+            for path in gone:
+                self.index.drop_file(path)
 
         return store_task
 
-    def _account_failed_load(self, files: Sequence[str],
+    def _account_failed_load(self, files: Sequence[str], rids: dict[str, str],
                              failed_by_file: Mapping[str, Sequence[bytes]]) -> None:
         """The ledger learns what a failed load found: files gone (discarded as bad, or
-        vanished) leave it; a file whose sections failed keeps its other keys."""
-        self.budget.forget([p for p in files if not os.path.exists(p)])
+        vanished) leave it; a file whose sections failed keeps its other keys.  ``rids``:
+        the reservations the load read, so that a file stored anew since is left alone."""
+        self.budget.forget([p for p in files if not os.path.exists(p)], rids)
         for path, keys in failed_by_file.items():
-            if os.path.exists(path):
-                for gone in self.budget.drop_keys(path, keys):
+            if os.path.exists(path) and path in rids:
+                for gone in self.budget.drop_keys(path, keys, rids[path]):
                     self.index.drop_file(gone)
 
     def submit_load(self, job_metadata: Any) -> None:
@@ -428,21 +477,44 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
                                   self.io)
 
         def load_task() -> None:
+            rids = self.budget.rids(files)  # what this load reads; later records touch only it
             try:
                 load()
             except OSError as exc:
                 # Written before the pool publishes the job (as vLLM's tier does).
                 self._load_progress[job_id] = int(getattr(exc, "num_succeeded", 0))
                 self.counters.add(load_failures=1)
-                self._account_failed_load(files, getattr(exc, "failed_by_file", {}))
+                self._account_failed_load(files, rids, getattr(exc, "failed_by_file", {}))
                 raise
             finally:
-                self.budget.touch(files)  # the ledger ignores paths it no longer holds
+                self.budget.touch(files, rids)  # journaled in batches
 
         # One task per job, as vLLM's tier.  One task per file of a job was tried: on the
         # 2-core bench VM it did not read faster (0.72-0.80x vLLM's per-chunk loads, one task
         # per job 0.71-0.96x over two runs of nox -s bench, 2026-12-04), so vLLM's shape stays.
         self._pool.enqueue_load(job_id, 1, [load_task])
+
+
+def _follow_root(tier_ref: weakref.ref[KvchunkFileTierManager], stop: threading.Event) -> None:
+    """The ``kvchunk-fs-follow`` thread of one packed tier: every :data:`POLL_SECONDS`, the
+    files other engines wrote join the tier's index and the files that left the root leave
+    it.  Holds the tier only during a pass (a weak reference between passes), so it ends
+    when the tier is garbage-collected, or when ``stop`` is set (:meth:`shutdown`)."""
+    last_error = ""
+    while not stop.wait(POLL_SECONDS):
+        tier = tier_ref()
+        if tier is None:
+            return
+        try:
+            tier._follow_ledger(force=True)
+            last_error = ""
+        except Exception as exc:  # the next pass retries; lookups keep the index they have
+            if repr(exc) != last_error:
+                logger.warning("kvchunk fs tier: following the ledger of %s failed: %s",
+                               tier.budget.root, exc)
+            last_error = repr(exc)
+        finally:
+            del tier
 
 
 def _write_json_once(path: str, data: Mapping[str, Any]) -> None:
@@ -469,7 +541,7 @@ class KvchunkTieringOffloadingSpec(ReferenceTieringOffloadingSpec):
         extra = config.extra_config
         cpu_bytes = extra.get("cpu_bytes_to_use")
         try:
-            ok = _count("cpu_bytes_to_use", cpu_bytes) > 0
+            ok = count_option("cpu_bytes_to_use", cpu_bytes) > 0
         except ValueError:
             ok = False
         if not ok:

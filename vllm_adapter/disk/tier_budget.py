@@ -8,6 +8,7 @@ files other engines added or removed, for the tier's index.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -18,10 +19,11 @@ from reference.eviction import EvictionRule
 from reference.knobs import Chunking
 from vllm_adapter.disk.budget import BudgetCounters, RootLedger
 
-__all__ = ["POLL_SECONDS", "TierBudget", "key_positions"]
+__all__ = ["POLL_SECONDS", "StoreRefused", "TierBudget", "key_positions", "store_files"]
 
 POLL_SECONDS = 0.02
-"""Lookups replay the ledger at most this often (another engine's evictions and files)."""
+"""A packed tier's ``kvchunk-fs-follow`` thread replays the ledger this often (another
+engine's evictions and files); lookups never do (:meth:`TierBudget.poll`)."""
 
 
 def key_positions(req_context: Any) -> dict[bytes, int]:
@@ -34,14 +36,18 @@ class TierBudget:
     """One tier's view of its root's budget (thread-safe)."""
 
     def __init__(self, root: str, namespace_dir: str, budget: int, rule: EvictionRule,
-                 chunking: Chunking) -> None:
+                 chunking: Chunking, *, adopt_budget: bool = False,
+                 ledger: RootLedger | None = None) -> None:
         self.root = root
         self.ns = os.path.relpath(namespace_dir, root)
-        self.counters = BudgetCounters()
-        self.ledger = RootLedger(root, budget, rule, self.counters)
+        self.counters = ledger.counters if ledger is not None else BudgetCounters()
+        self.ledger = ledger or RootLedger(root, budget, rule, self.counters,
+                                           adopt_budget=adopt_budget)
         self.ledger.set_chunking(self.ns, chunking)
         self._last_poll = 0.0
         self._poll_lock = threading.Lock()
+        self._totals: dict[str, int] = {}
+        """The ledger's totals :meth:`snapshot_nowait` read last."""
 
     @property
     def budget(self) -> int:
@@ -75,19 +81,39 @@ class TierBudget:
         gone = self.ledger.complete([(self._rel(p), ok) for p, ok in results])
         return [self._abs(p) for p in gone]
 
-    def drop_keys(self, path: str, keys: Iterable[bytes]) -> list[str]:
-        return [self._abs(p) for p in self.ledger.drop_keys(self._rel(path), keys)]
+    def rids(self, paths: Iterable[str]) -> dict[str, str]:
+        """Path -> reservation id of the files a load is about to read (absolute paths):
+        what the load reports later touches those reservations only."""
+        return {self._abs(p): rid
+                for p, rid in self.ledger.rids(self._rel(p) for p in paths).items()}
 
-    def touch(self, paths: Iterable[str]) -> None:
-        self.ledger.touch(self._rel(p) for p in paths)
+    def drop_keys(self, path: str, keys: Iterable[bytes], rid: str | None = None) -> list[str]:
+        return [self._abs(p) for p in self.ledger.drop_keys(self._rel(path), keys, rid)]
 
-    def forget(self, paths: Iterable[str]) -> None:
-        self.ledger.forget(self._rel(p) for p in paths)
+    def touch(self, paths: Iterable[str], rids: dict[str, str] | None = None) -> None:
+        self.ledger.touch([self._rel(p) for p in paths],
+                          None if rids is None else {self._rel(p): r for p, r in rids.items()})
+
+    def forget(self, paths: Iterable[str], rids: dict[str, str] | None = None) -> None:
+        """Files a load found gone; ``rids`` (:meth:`rids` when the load began): only those
+        reservations, never a newer one of the same path."""
+        rels = [self._rel(p) for p in paths]
+        if rids is None:
+            self.ledger.forget(rels)
+        else:
+            self.ledger.forget({self._rel(p): r for p, r in rids.items() if self._rel(p) in rels})
+
+    def close(self) -> None:
+        self.ledger.close()
 
     def poll(self, force: bool = False) -> tuple[list[str], list[str]]:
         """The files of this namespace other engines wrote, and the files that left the
         root, since the last call (absolute paths); replays the ledger at most every
-        :data:`POLL_SECONDS` unless ``force``."""
+        :data:`POLL_SECONDS` unless ``force``.
+
+        When the ledger changed this takes the root's ``flock`` (another engine may hold it
+        for a whole eviction): the tier calls it from its follower thread and its store
+        tasks, never from vLLM's scheduler thread."""
         now = time.monotonic()
         if not force and now - self._last_poll < POLL_SECONDS:
             return [], []
@@ -95,6 +121,24 @@ class TierBudget:
             self._last_poll = now
             added, removed = self.ledger.drain(self.ns, refresh=True)
         return [self._abs(p) for p in added], [self._abs(p) for p in removed]
+
+    def snapshot_nowait(self, stranded: bool = False) -> dict[str, int]:
+        """:meth:`snapshot` without waiting, for vLLM's scheduler thread (``get_stats``, every
+        step).  While another thread of this process holds the ledger (it may be waiting for
+        the root's lock, which another engine holds for a whole eviction), the root's numbers
+        are the last ones read and ``stranded_bytes`` is left out; this tier's counters are
+        always current."""
+        lock = self.ledger._thread_lock  # the ledger holds it while it waits for the flock
+        root: dict[str, int] = {}
+        if lock.acquire(blocking=False):
+            try:
+                self._totals = self.ledger.totals()
+                if stranded:
+                    root["stranded_bytes"] = self.ledger.stranded_bytes()
+            finally:
+                lock.release()
+        return {"disk_budget_bytes": self.ledger.budget, **self._totals,
+                **self.counters.as_dict(), **root}
 
     def snapshot(self, stranded: bool = False) -> dict[str, int]:
         """The budget's numbers: bytes and files on the root (every engine's), this tier's
@@ -104,3 +148,41 @@ class TierBudget:
         if stranded:
             out["stranded_bytes"] = self.ledger.stranded_bytes()
         return out
+
+
+class StoreRefused(OSError):
+    """The budget is full and nothing can be evicted: nothing written, nothing advertised."""
+
+
+def store_files(
+    budget: TierBudget, files: Sequence[Sequence[bytes]], name_of: Callable[[Sequence[bytes]], str],
+    size_of: Callable[[Sequence[bytes]], int], write: Callable[[str, tuple[bytes, ...]], Any],
+    positions: dict[bytes, int] | None = None,
+    servable: Callable[[bytes, str], bool] | None = None,
+    written: Callable[[str, Any], None] | None = None,
+) -> list[str]:
+    """The store protocol, one place: reserve (evicting by the rule), write each admitted
+    file (``write(path, keys)``, atomic), complete.  Any exception of a write, not only an
+    ``OSError``, completes that file's reservation as failed and is raised once every file
+    is completed; a refused store raises :class:`StoreRefused`.  ``written(path, out)``
+    runs for each file written (the packed index), before its reservation completes.
+    Returns the paths the completions removed (files a failure stranded)."""
+    admitted = budget.reserve(files, name_of, size_of, positions, servable)
+    if admitted is None:
+        raise StoreRefused(errno.ENOSPC, f"kvchunk fs tier: disk_bytes_to_use "
+                           f"({budget.budget}) is full and nothing can be evicted")
+    results: list[tuple[str, bool]] = []
+    error: Exception | None = None
+    for path, keys in admitted:
+        try:
+            out = write(path, keys)
+            if written is not None:
+                written(path, out)
+            results.append((path, True))
+        except Exception as exc:  # any failure fails the reservation (a dying process does not)
+            results.append((path, False))
+            error = error or exc
+    gone = budget.complete(results)
+    if error is not None:
+        raise error
+    return gone
