@@ -21,16 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.test_ledger_state_machine import BUDGET, root_bytes
+from test_ledger_state_machine import BUDGET, root_bytes
 
 REPO = str(Path(__file__).resolve().parents[1])
 
 ACTOR = r"""
 import json, os, socket, sys, time
-sys.path.insert(0, {repo!r})
+sys.path[:0] = [{repo!r}, {repo!r} + "/tests"]
 from pathlib import Path
-from tests.test_ledger_state_machine import Engine, KEY_BYTES, _name_of, _prompt_chunks, _write_whole
+from test_ledger_state_machine import Engine, KEY_BYTES, _name_of, _prompt_chunks, _write_whole
 root, mode = Path({root!r}), {mode!r}
 e = Engine(root, mode)
 e.start()

@@ -1,39 +1,68 @@
 """One byte budget per ``root_dir``, shared by every engine and rank that writes there.
 
 **How engines share it: a ledger under a lock.**  ``<root_dir>/kvchunk-ledger.jsonl``
-is an append-only journal of what is on the root: a file reserved (its namespace,
-path, bytes, keys, and the :class:`~reference.prefix_structure.Fragment` of the
-prefix structure its keys need), written or failed, read, removed.  Every change is
-appended under an exclusive ``flock`` of ``<root_dir>/kvchunk-ledger.lock``, and every
-engine replays what the others appended before it decides anything, so all of them
-hold the same model of the root: the same bytes, the same files, the same prefix
-structure and the same recency.  The rejected alternatives: ``statvfs`` sees other
-tenants' bytes and not which file to evict; a directory scan per store is slow at
-100k files and cannot see recency or prefixes; a quota per engine is Mooncake's bug
-(#2419: every instance under its own quota, none ever evicts, the disk fills).
+is a journal of what is on the root (:mod:`vllm_adapter.disk.journal`: a file reserved,
+written or failed, read, removed, each record naming its reservation id).  Every change
+is appended under an exclusive ``flock`` of ``<root_dir>/kvchunk-ledger.lock``, and
+every engine replays what the others appended before it decides anything, so all of
+them hold the same model of the root: the same bytes, files, prefix structure and
+recency.  The rejected alternatives: ``statvfs`` sees other tenants' bytes and not which
+file to evict; a directory scan per store is slow at 100k files and cannot see recency
+or prefixes; a quota per engine is Mooncake's bug (#2419: every instance under its own
+quota, none ever evicts, the disk fills).
 
-**Bound.**  A file's bytes are reserved (appended to the ledger) before it is
-written, and a victim is unlinked before the lock is released, so the bytes of
-kvchunk's files on the root never exceed ``disk_bytes_to_use``; the one excess is an
-evicted file another engine still has open for a read (POSIX frees it at close), at
-most the files of the loads in flight.  The ledger and the geometry files are not
-counted (a few hundred bytes per file, compacted, see :meth:`RootLedger.compact`).
+**What the budget covers.**  Everything under the root: files get ``disk_bytes_to_use``
+less the ledger's reserve (:func:`~vllm_adapter.disk.ledger.ledger_reserve`: 1/128, at
+least 1 MiB, at most 1 GiB).  The reserve holds the journal (compacted while engines
+run, once it passes half the reserve; if even the compacted journal does not fit,
+files are evicted until it does), the lock and lease files (empty), the geometry files
+and the quarantine (``"bad_files": "quarantine"`` keeps at most a quarter of the reserve,
+the oldest bad file out first).
 
-**Eviction** is :mod:`reference.eviction`'s: the tier's model is the reference's
-:class:`~reference.eviction.Disk`, one per namespace (geometry), fed the prefix
-structure by each writer; the least recently used unit of every namespace's
-evictable units goes first (the rule), or the least recently used file (``"lru"``,
-the baseline).  A store that does not fit after evicting everything evictable is
-refused: nothing is written, nothing is advertised, the tokens are recomputed.
+**Bound.**  A file's bytes are reserved (journaled) before it is written, and a victim
+is unlinked before its removal is journaled, so at every step of the store protocol,
+crashes included (``tests/test_ledger_state_machine.py`` crashes an engine at each), the
+bytes under the root stay within ``disk_bytes_to_use``.  **Reads are not pinned across
+engines**: an engine may evict a file another engine is reading; POSIX keeps the open
+file readable and frees its blocks at close, so the excess over the budget is at most
+the files of the loads in flight (per engine, ``n_read_threads`` files), for the time
+of those reads (``tests/test_disk_bounds.py``).  Pinning across engines would cost two
+journal appends under the lock per load.
 
-**Crashes.**  A reservation records its writer (host, pid).  A reservation whose
-writer is dead (same host) is failed by the next engine that takes the lock: its
-file and the files its failure strands are removed.  When a tier starts it also
-reconciles the ledger with its namespace directory: a file the ledger names and the
-directory lacks leaves the ledger; a file the directory holds and the ledger does not
-name is an orphan (a crash before its reservation, or a lost ledger) and is removed.
-Then the budget is enforced before the tier serves anything.  One host per root: a
-writer on another host is never presumed dead.
+**Eviction** is :mod:`reference.eviction`'s, through its public interface
+(:meth:`~reference.eviction.Disk.next_victim`): the least recently used unit of every
+namespace's evictable units goes first (the rule), or the least recently used file
+(``"lru"``, the baseline).  A store that does not fit after evicting everything
+evictable is refused: nothing is written, nothing is advertised, the tokens are
+recomputed.
+
+**One budget per root.**  The first engine records ``disk_bytes_to_use`` in the
+journal.  An engine that starts with another value while an engine on the recorded one
+runs refuses with a ``ValueError`` naming both values and the root, unless
+``"adopt_recorded_budget": true``; when no engine runs on the root, a new value
+replaces the recorded one (an operator's resize across a restart).
+
+**Crashes and owners.**  Every ledger is an owner with a random id and a lease: an
+exclusive ``flock`` on ``<root_dir>/kvchunk-owners/<id>.lease``, held while it lives
+(:class:`~vllm_adapter.disk.journal.Lease`).  A reservation whose owner's lease is free
+is reclaimed by the next engine that takes the ledger's lock, whoever it is: its file
+and temporary files removed, the files its failure strands too.  No host name and no
+pid is trusted: a restarted container with the same pid, or an engine in another PID or
+UTS namespace, is judged by its lease (``tests/test_ledger_two_hosts.py``).  When a tier
+starts it also reconciles the ledger with its namespace directory (names and sizes):
+a file the ledger names and the directory lacks leaves it; a file the directory holds
+and the ledger does not name is an orphan and is removed; a size that differs from its
+record is corrected.  A damaged journal line is skipped, never fatal.
+
+**Hosts.**  Engines on several hosts may share one root when the file system's
+``flock`` is coherent across its clients (local file systems, NFSv4 with its lock
+manager, CephFS, GPFS; Lustre mounted with ``flock``, not ``localflock``): the design
+relies on it for the ledger's lock and the leases, and on appends made under that lock.
+A file system whose ``flock`` fails (``ENOLCK``, ``EOPNOTSUPP``) is refused at start,
+never run unprotected.  A file system whose ``flock`` is silently local to each client
+(Lustre ``localflock``) cannot be detected and is not supported: give each host its own
+``root_dir`` there.  The cost of the design is one global lock per root: every store
+and every batch of reads takes it.
 """
 
 from __future__ import annotations

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import logging
 import mmap
 import os
@@ -243,6 +244,11 @@ class ChunkIO:
     fsync: bool = False
     bad_files: str = "delete"
     quarantine_dir: str | None = None
+    quarantine_bytes: int | None = None
+    """The most bytes every quarantine under :attr:`quarantine_root` holds together (the
+    oldest bad files go first; a bad file larger than this is deleted): the quarantine is
+    inside ``disk_bytes_to_use``, a quarter of the ledger's reserve.  None: unbounded."""
+    quarantine_root: str | None = None
     counters: TierCounters = field(default_factory=TierCounters)
 
 
@@ -447,7 +453,8 @@ def discard_bad_file(path: str, st: os.stat_result, io: ChunkIO) -> None:
         now = os.stat(path)
         if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
             return
-        if io.bad_files == "quarantine" and io.quarantine_dir is not None:
+        if (io.bad_files == "quarantine" and io.quarantine_dir is not None
+                and _make_room_in_quarantine(now.st_size, io)):
             os.makedirs(io.quarantine_dir, exist_ok=True)
             name = f"{os.path.basename(path)}.{st.st_ino}.bad"
             os.replace(path, os.path.join(io.quarantine_dir, name))
@@ -456,6 +463,31 @@ def discard_bad_file(path: str, st: os.stat_result, io: ChunkIO) -> None:
         io.counters.add(bad_files_removed=1)
     except OSError as exc:
         logger.warning("kvchunk fs tier: could not remove bad chunk file %s: %s", path, exc)
+
+
+def _make_room_in_quarantine(nbytes: int, io: ChunkIO) -> bool:
+    """Whether a bad file of ``nbytes`` may be quarantined: the oldest quarantined files
+    (of every namespace under :attr:`ChunkIO.quarantine_root`) are deleted until it fits
+    :attr:`ChunkIO.quarantine_bytes`; False (delete it instead) when it alone does not."""
+    if io.quarantine_bytes is None:
+        return True
+    if nbytes > io.quarantine_bytes:
+        return False
+    root = io.quarantine_root or os.path.dirname(io.quarantine_dir or "")
+    held: list[tuple[float, str, int]] = []
+    for q in glob.glob(os.path.join(glob.escape(root), "*", QUARANTINE_DIR)):
+        for entry in os.scandir(q):
+            with contextlib.suppress(OSError):
+                st = entry.stat()
+                held.append((st.st_mtime, entry.path, max(st.st_size, st.st_blocks * 512)))
+    total = sum(n for _, _, n in held)
+    for _, victim, n in sorted(held):
+        if total + nbytes <= io.quarantine_bytes:
+            break
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(victim)
+        total -= n
+    return total + nbytes <= io.quarantine_bytes
 
 
 def _pread_all(fd: int, dest: memoryview, offset: int) -> None:

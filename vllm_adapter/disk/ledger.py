@@ -164,6 +164,8 @@ class RootLedger:
         self.ledger_path = os.path.join(root, LEDGER_FILE)
         self._lock_path = os.path.join(root, LOCK_FILE)
         self._thread_lock = threading.RLock()
+        self._local = threading.local()
+        """``depth``: how deep this thread is inside :meth:`_locked`."""
         self._chunkings: dict[str, Chunking] = {}
         self._kept: dict[str, PrefixStructure] = {}
         self._mine: dict[str, str] = {}
@@ -195,6 +197,7 @@ class RootLedger:
         self.io = LedgerIO()
         self.ledger_path = os.path.join(root, LEDGER_FILE)
         self._thread_lock = threading.RLock()
+        self._local = threading.local()
         self._chunkings, self._kept, self._mine, self._uses = {}, {}, {}, {}
         self._fixed_reserve, self._adopt = None, False
         self._reset()
@@ -455,18 +458,47 @@ class RootLedger:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         """The root's lock: replayed, dead owners reclaimed, reads journaled, then the body;
-        the journal compacted when it passed half the reserve."""
-        with self._thread_lock:
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        the journal compacted when it passed half the reserve.
+
+        The ``flock`` is waited for without the in-process lock, so a reader of the model
+        (:meth:`files`, :meth:`totals`, on any thread) never waits on another process;
+        each acquisition opens its own descriptor, so two threads of one process exclude
+        each other through the ``flock`` too.  Re-entrant on one thread."""
+        if getattr(self._local, "depth", 0):
+            self._local.depth += 1
             try:
-                flock(fd, fcntl.LOCK_EX, self.root)
-                self._sync()
-                self._reclaim_dead()
-                self._flush_uses()
                 yield
-                self._compact_if_large()
             finally:
-                os.close(fd)  # releases the flock
+                self._local.depth -= 1
+            return
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            flock(fd, fcntl.LOCK_EX, self.root)
+            with self._thread_lock:
+                self._local.depth = 1
+                try:
+                    self._sync()
+                    self._reclaim_dead()
+                    self._flush_uses()
+                    yield
+                    self._compact_if_large()
+                finally:
+                    self._local.depth = 0
+        finally:
+            os.close(fd)  # releases the flock
+
+    def peek(self, stranded: bool = False) -> dict[str, int] | None:
+        """:meth:`totals` (and ``stranded_bytes``) without waiting: None while another thread
+        of this process is changing the model (vLLM's scheduler thread asks every step)."""
+        if not self._thread_lock.acquire(blocking=False):
+            return None
+        try:
+            out = self.totals()
+            if stranded:
+                out["stranded_bytes"] = self.stranded_bytes()
+            return out
+        finally:
+            self._thread_lock.release()
 
     def _sync(self) -> None:
         """Replay what was appended since this ledger last read the journal (all of it when

@@ -67,6 +67,7 @@ created and probed for writing there.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -235,6 +236,7 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
             fsync=fsync,
             bad_files=bad_files,
             quarantine_dir=os.path.join(self.namespace_dir, QUARANTINE_DIR),
+            quarantine_root=root_dir,
             counters=self.counters,
         )
         _write_json_once(os.path.join(self.namespace_dir, GEOMETRY_FILE), fields)
@@ -247,6 +249,8 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
                                  DB.budget_chunking(offloading_spec.config),
                                  adopt_budget=adopt_recorded_budget)
         """The root's byte budget, shared with every engine writing under ``root_dir``."""
+        self.io = dataclasses.replace(self.io, quarantine_bytes=self.budget.ledger.ledger_bytes // 4)
+        """The quarantine holds a quarter of the ledger's reserve, inside the budget."""
         self._stats = TierStats()
         """What get_stats reported last (:mod:`vllm_adapter.disk.metrics`)."""
         self.started = self.budget.start(self._files_on_disk())

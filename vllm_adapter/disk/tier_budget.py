@@ -124,19 +124,15 @@ class TierBudget:
 
     def snapshot_nowait(self, stranded: bool = False) -> dict[str, int]:
         """:meth:`snapshot` without waiting, for vLLM's scheduler thread (``get_stats``, every
-        step).  While another thread of this process holds the ledger (it may be waiting for
-        the root's lock, which another engine holds for a whole eviction), the root's numbers
+        step).  While another thread of this process changes the ledger's model, the root's numbers
         are the last ones read and ``stranded_bytes`` is left out; this tier's counters are
         always current."""
-        lock = self.ledger._thread_lock  # the ledger holds it while it waits for the flock
         root: dict[str, int] = {}
-        if lock.acquire(blocking=False):
-            try:
-                self._totals = self.ledger.totals()
-                if stranded:
-                    root["stranded_bytes"] = self.ledger.stranded_bytes()
-            finally:
-                lock.release()
+        peeked = self.ledger.peek(stranded)
+        if peeked is not None:
+            if stranded:
+                root["stranded_bytes"] = peeked.pop("stranded_bytes")
+            self._totals = peeked
         return {"disk_budget_bytes": self.ledger.budget, **self._totals,
                 **self.counters.as_dict(), **root}
 
