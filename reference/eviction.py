@@ -313,6 +313,13 @@ class Disk:
         with its id and use time."""
         self._restore(fid, file)
 
+    def resize(self, fid: int, nbytes: int) -> None:
+        """File ``fid`` holds ``nbytes`` (its size on disk was found to differ)."""
+        f = self.files[fid]
+        self.bytes += nbytes - f.nbytes
+        f.nbytes = nbytes
+        self.peak_bytes = max(self.peak_bytes, self.bytes)
+
     def keep_keys(self, fid: int, keys: Sequence[bytes]) -> None:
         """File ``fid`` now holds only ``keys`` (a subset of its keys: the others became
         unservable), with its size, use time and state unchanged."""

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from conformance.corpus.format import (
     DATA_DIR,
     FORMAT_VERSION,
     SCHEMA_PATH,
+    CorpusCase,
     case_schema,
     data_path,
     dumps_case,
@@ -26,7 +28,10 @@ from conformance.corpus.format import (
     read_corpus,
 )
 from conformance.corpus.run import check_case
-from conformance.protocol.backends import REFERENCE
+from conformance.protocol.backends import REFERENCE, Backend
+from conformance.protocol.replay import recorded_answers
+from reference.jobs import StoreJob
+from reference.plan import Planner
 from vllm_adapter.release_list import SUPPORTED_RELEASES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -247,3 +252,161 @@ def test_a_wrong_expected_answer_fails_naming_case_and_call(tmp_path: Path) -> N
     assert proc.returncode == 1, proc.stdout
     assert f"FAIL case {name!r}" in proc.stdout and f"lookup({req})" in proc.stdout, proc.stdout
     assert f"{len(lines) - 1}/{len(lines)} cases passed" in proc.stdout, proc.stdout
+
+
+# --- the replay's reports: a deliberately wrong backend (conformance/testing/broken_planner.py)
+
+
+def _newest_cases() -> list[CorpusCase]:
+    return read_corpus(data_path(RELEASES[-1]))
+
+
+def _case(name_part: str) -> CorpusCase:
+    return next(c for c in _newest_cases() if name_part in c.name)
+
+
+class _WrongIndex(Planner):
+    """The reference, but the first store job holding a sliding-window block reports its
+    last group's ``block_indices`` one higher (the answer only: the state stays right)."""
+
+    wrong = False
+
+    def step(self, *args: Any, **kwargs: Any) -> list[tuple[int, StoreJob]]:
+        jobs = super().step(*args, **kwargs)
+        if jobs and not self.wrong and jobs[-1][1].group_sizes[-1]:
+            self.wrong = True
+            job_id, job = jobs[-1]
+            indices = (*job.block_indices[:-1], job.block_indices[-1] + 1)
+            jobs[-1] = (job_id, replace(job, block_indices=indices))
+        return jobs
+
+
+def test_a_wrong_step_answer_prints_the_steps_tables_and_boundaries() -> None:
+    case = _case("fa64+sw128@16/blocks_per_chunk=2/retention=0/repeat-256-budget64")
+    result = check_case(case, Backend("wrong-index", _WrongIndex))
+    assert result.failure is not None and not result.raised
+    text = result.failure
+    assert text.startswith(f"case {case.name!r} (vLLM {case.release}): answer #"), text
+    assert "step(*) at step " in text and "expected (vLLM): " in text and "backend: " in text, text
+    for shown in ("the call's inputs:", "config: ", "policy: retention_interval=0 ",
+                  "null_blocks_in_store=placeholder", "scheduled a: status=running",
+                  "shared_prefix_boundary=0", "num_computed_tokens=", "new_block_ids: g0[",
+                  "block table with this step's new_block_ids", "    g1 [",
+                  "block_copy_dst_ids: []", "boundary_handoffs: none", "vLLM offered a: "):
+        assert shown in text, f"{shown!r} missing from:\n{text}"
+    assert 0 < result.matched < result.answers
+    assert f"answer #{result.matched}," in text
+
+
+def test_a_window_block_allocated_again_is_marked_in_the_table() -> None:
+    """A step's inputs mark with ``*`` the earlier table entries whose block id the step
+    allocated again: window blocks vLLM freed (null for storing, docs/semantics.md §11)."""
+    from conformance.corpus.run import call_inputs
+    from conformance.protocol import trace as T
+
+    case = _case("fa64+sw128@16/blocks_per_chunk=2/retention=0/repeat-256-budget64")
+    marked, allocated = 0, set()
+    for record in case.trace.records:
+        if isinstance(record, T.Alloc):
+            allocated |= {b.block_id for g in record.blocks for b in g if not b.is_null}
+        if not isinstance(record, T.BuildMeta):
+            continue
+        new = allocated | {b for s in record.scheduled for g in s.new_block_ids or () for b in g}
+        allocated = set()
+        for line in call_inputs(case, record):
+            if re.match(r"^    g\d+ \[", line):
+                starred = {int(x[:-1]) for x in line.split("[", 1)[1].rstrip("]").split()
+                           if x.endswith("*")}
+                assert starred <= new | set(record.block_copy_dst_ids), line
+                marked += len(starred)
+    assert marked, "no step of the case reallocates a window block"
+
+
+def _resolve_broken(name: str) -> Any:
+    from conformance.testing import broken_planner
+
+    return getattr(broken_planner, name)
+
+
+def test_the_trace_is_cut_with_a_marker() -> None:
+    case = _case("fa64+sw128@16/blocks_per_chunk=2/retention=0/repeat-256-budget64")
+    full = check_case(case, Backend("long-hit", _resolve_broken("long_hit")), trace_lines=0)
+    cut = check_case(case, Backend("long-hit", _resolve_broken("long_hit")), trace_lines=5)
+    assert full.failure is not None and cut.failure is not None
+    shown = full.failure.split("trace up to step", 1)[1].splitlines()[1:]
+    assert len(shown) > 5 and "more lines" not in full.failure
+    marker = f"  ... {len(shown) - 5} more lines (earlier records; --trace-lines 0 prints them all)"
+    lines = cut.failure.splitlines()
+    assert marker in lines, cut.failure
+    assert lines[lines.index(marker) + 1:] == shown[-5:]
+
+
+def test_a_wrong_hit_prints_the_lookups_inputs() -> None:
+    case = _case("full@16/blocks_per_chunk=4/retention=0/repeat-256-budget64")
+    result = check_case(case, Backend("long-hit", _resolve_broken("long_hit")))
+    assert result.failure is not None
+    assert re.search(r"answer #\d+, lookup\(\w+\) at step \d+ differs", result.failure), result.failure
+    assert re.search(r"lookup \w+: num_tokens=\d+ num_prompt_tokens=\d+ block_hashes=\d+ "
+                     r"computed_tokens=\d+", result.failure), result.failure
+    assert "vLLM's manager answered (informative): " in result.failure
+
+
+def test_an_exception_is_reported_at_its_call_with_the_divergence_before_it() -> None:
+    """``dropped_store`` misses a store job; a later ``job_done`` of a job it does not hold
+    raises KeyError.  The report names the exception at its call, then the missed job."""
+    case = _case("fa64+sw128@16/blocks_per_chunk=2/retention=0/repeat-256-budget64")
+    result = check_case(case, Backend("dropped", _resolve_broken("dropped_store")))
+    assert result.raised and result.failure is not None
+    first = result.failure.splitlines()[0]
+    assert re.fullmatch(
+        rf"case {re.escape(repr(case.name))} \(vLLM {case.release}\): the backend raised "
+        r"KeyError: \d+ at step \d+, in job_done\(\d+, success=True\) "
+        r"\(record #\d+, update_connector_output\)", first), first
+    assert "  raised at " in result.failure and "reference/plan.py" in result.failure
+    assert re.search(r"before it, answer #\d+, step\(\*\) at step \d+ already differed",
+                     result.failure), result.failure
+    assert "expected (vLLM): " in result.failure and "backend:         [step" in result.failure
+    assert "block table with this step's new_block_ids" in result.failure
+    assert "trace up to the call that raised" in result.failure
+    assert sum(line.startswith("  >> ") for line in result.failure.splitlines()) == 1
+    assert result.matched == int(re.search(r"answer #(\d+)", result.failure).group(1))  # type: ignore[union-attr]
+
+
+def test_an_exception_with_no_wrong_answer_before_it() -> None:
+    case = _case("full@16/blocks_per_chunk=4/retention=0/repeat-256-budget64")
+    result = check_case(case, Backend("raising", _resolve_broken("raising")))
+    assert result.raised and result.failure is not None
+    assert re.search(r"the backend raised RuntimeError: deliberate failure at job_done\(\d+\) "
+                     r"at step \d+, in job_done\(\d+, success=True\)", result.failure), result.failure
+    assert f"the {result.matched} answers before it equal vLLM's" in result.failure
+    assert "already differed" not in result.failure
+
+
+def test_the_summary_counts_matched_answers_and_failed_cases(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from conformance.corpus.__main__ import main
+
+    path = data_path(RELEASES[-1])
+    cases = read_corpus(path)
+    total = len(cases)
+    answers = sum(len(recorded_answers(c.trace)) for c in cases)
+    assert main(["replay", "--backend", "reference", "--corpus", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"reference: {total}/{total} cases passed, 0 failed; {answers}/{answers} answers " \
+           "matched" in out, out
+    backend = "conformance.testing.broken_planner:raising"
+    assert main(["replay", "--backend", backend, "--corpus", str(path)]) == 1
+    out = capsys.readouterr().out
+    failed = out.count("FAIL case ")
+    raised = out.count(": the backend raised RuntimeError")
+    assert failed and raised == failed, out
+    summary = out.strip().splitlines()[-1]
+    m = re.fullmatch(rf"{backend}: (\d+)/{total} cases passed, {failed} failed \({raised} of "
+                     rf"them raised\); (\d+)/{answers} answers matched vLLM's .*", summary)
+    assert m and int(m.group(1)) == total - failed and int(m.group(2)) < answers, summary
+    # a backend that fails every case matches few answers, and says so
+    assert main(["replay", "--backend", "conformance.testing.broken_planner:long_hit",
+                 "--corpus", str(path), "--trace-lines", "3"]) == 1
+    out = capsys.readouterr().out
+    assert "... " in out and " more lines (earlier records" in out

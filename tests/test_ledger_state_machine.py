@@ -461,18 +461,33 @@ def _store(e: Engine, prompt: int, upto: int = 1, write: Any = _write_whole) -> 
 
 
 def test_b1_a_start_that_cannot_evict_everything_records_what_it_evicts(tmp_path: Path) -> None:
-    """B1: the start-up eviction stops at a pending file; what it did evict is unlinked and
-    journaled (it was removed from the model and neither, so the root over-ran)."""
-    a = _engine(tmp_path)
-    (p,) = _store(a, 1, write=lambda path, keys: None)  # reserved, never completed
-    (g,) = _store(a, 3)
+    """B1: the start-up eviction stops at a file a pending reservation pins (chunk 0, the
+    parent of a's chunk 1 being written); what it could evict before that (another
+    prompt's file) is unlinked and journaled, and the model equals a fresh replay (it was
+    removed from the model with neither, so the engines under-counted the root).  The
+    root is over the budget here because two files grew behind the journal's back (the
+    start reconciles their sizes)."""
+    a = _engine(tmp_path, name="a")
+    chunks, positions = _prompt_chunks(1)
+    name = lambda ks: str(tmp_path / _name_of(ks))  # noqa: E731
+    size = lambda ks: KEY_BYTES * len(ks)  # noqa: E731
+    (g, _), = a.tier.reserve(chunks[:1], name, size, positions)
+    _write_whole(g, tuple(chunks[0]))
     a.tier.complete([(g, True)])
-    a.ledger.close()
-    small = Engine(tmp_path, "b", budget=RESERVE + 2 * KEY_BYTES)  # below both files
-    small.start()
+    (p, _), = a.tier.reserve(chunks[1:2], name, size, positions)  # pending: a lives on
+    (h,) = _store(a, 3)
+    a.tier.complete([(h, True)])
+    Path(g).write_bytes(b"\0" * (FILES_BUDGET + 4096))  # grown: over the budget alone
+    Path(h).write_bytes(b"\0" * (3 * KEY_BYTES))
+    b = _engine(tmp_path, name="b")  # its start reconciles the sizes, then evicts
     fresh = RootLedger.replayed(str(tmp_path)).model()
-    assert small.ledger.model() == fresh
-    assert root_bytes(tmp_path) <= RESERVE + 2 * KEY_BYTES, (fresh, _data_files(tmp_path))
+    assert b.ledger.model() == fresh
+    rel = lambda path: os.path.relpath(path, tmp_path)  # noqa: E731
+    assert rel(h) not in fresh and not os.path.exists(h), "the evictable file stayed"
+    assert rel(g) in fresh and rel(p) in fresh and not fresh[rel(p)][3]
+    assert fresh[rel(g)][2] == FILES_BUDGET + 4096, "the start did not reconcile g's size"
+    a.ledger.sync()
+    assert a.ledger.model() == fresh
 
 
 def test_b2_a_stale_forget_leaves_a_newer_reservation_of_the_same_path(tmp_path: Path) -> None:

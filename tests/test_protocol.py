@@ -34,7 +34,9 @@ PLACEHOLDERS = {
 
 def _commands() -> list[str]:
     blocks = PROTOCOL.read_text().split("```")[1::2]
-    # a block's first line is its info string; a trailing backslash continues a command
+    # a block's first line is its info string (``python`` blocks are code, not commands:
+    # tests/test_protocol_doc.py checks them); a trailing backslash continues a command
+    blocks = [b for b in blocks if b.split("\n", 1)[0].strip() in ("", "sh", "console")]
     lines = [line.strip() for block in blocks
              for line in block.split("\n", 1)[-1].replace("\\\n", " ").splitlines()]
     return [line for line in lines if line and not line.startswith("#")]

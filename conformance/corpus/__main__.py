@@ -1,9 +1,11 @@
 """``python -m conformance.corpus replay|generate|check|schema``.
 
-``replay --backend module:object [--corpus PATH ...]``
+``replay --backend module:object [--corpus PATH ...] [--trace-lines N]``
     Replays every case into the backend (``reference`` or ``module:object``) and
     compares its answers with vLLM's.  Needs only ``reference/`` and the backend:
-    no vLLM.  Default corpus: every committed file (``data/vllm-*.jsonl``).
+    no vLLM.  Default corpus: every committed file (``data/vllm-*.jsonl``).  Each
+    failed case prints a report (:mod:`conformance.corpus.run`); the last line
+    counts the cases passed and failed and the answers that matched.
 ``generate [--out PATH]``
     Runs every case on the installed vLLM and writes ``data/vllm-<release>.jsonl``.
 ``check``
@@ -29,6 +31,7 @@ import time
 from pathlib import Path
 
 from conformance.corpus.format import DATA_DIR, SCHEMA_PATH, case_schema, data_path, dumps_schema
+from conformance.corpus.run import TRACE_LINES
 
 
 def _reexec_with_hash_seed(argv: list[str]) -> int | None:
@@ -50,21 +53,32 @@ def _replay(args: argparse.Namespace) -> int:
     if not paths:
         print(f"no corpus files in {DATA_DIR}", file=sys.stderr)
         return 2
-    start, failed, total, answers = time.perf_counter(), 0, 0, 0
+    start = time.perf_counter()
+    failed = raised = total = answers = matched = 0
     for path in paths:
         for case in read_corpus(path):
-            result = check_case(case, backend)
+            result = check_case(case, backend, trace_lines=args.trace_lines)
             total += 1
             answers += result.answers
+            matched += result.matched
             if result.failure is not None:
                 failed += 1
+                raised += result.raised
                 print(f"FAIL {result.failure}\n")
             elif args.verbose:
                 print(f"ok   {case.release} {case.name} ({result.answers} answers)")
     seconds = time.perf_counter() - start
-    print(f"{backend.name}: {total - failed}/{total} cases passed, {answers} answers compared, "
-          f"{len(paths)} file(s), {seconds:.1f} s")
+    print(summary_line(backend.name, total, failed, raised, answers, matched, len(paths), seconds))
     return 1 if failed or not total else 0
+
+
+def summary_line(name: str, total: int, failed: int, raised: int, answers: int, matched: int,
+                 files: int, seconds: float) -> str:
+    """The replay's last line: cases passed and failed, answers that matched vLLM's."""
+    why = f" ({raised} of them raised)" if raised else ""
+    return (f"{name}: {total - failed}/{total} cases passed, {failed} failed{why}; "
+            f"{matched}/{answers} answers matched vLLM's (a failed case counts those before "
+            f"its first divergence); {files} file(s), {seconds:.1f} s")
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -145,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--backend", default="reference", help="reference or module:object")
     rp.add_argument("--corpus", action="append", default=[], help="a corpus file (repeatable)")
     rp.add_argument("-v", "--verbose", action="store_true")
+    rp.add_argument("--trace-lines", type=int, default=TRACE_LINES, metavar="N",
+                    help=f"trace lines shown before a failure (default {TRACE_LINES}; 0: all)")
     gp = sub.add_parser("generate", help="run the cases on the installed vLLM, write the file")
     gp.add_argument("--out", help="where to write (default: data/vllm-<release>.jsonl)")
     sub.add_parser("check", help="the committed file equals a fresh generation")

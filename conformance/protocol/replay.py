@@ -10,8 +10,8 @@ lists and explains the first difference readably.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from conformance.protocol import trace as T
@@ -23,7 +23,11 @@ from reference.store import ChunkStore, LookupResult, StorePlan
 
 
 class PlannerLike(Protocol):
-    """The scheduler-side protocol a backend implements (see PROTOCOL.md)."""
+    """The scheduler-side protocol a backend implements (PROTOCOL.md, "The planner protocol",
+    states it; ``tests/test_protocol_doc.py`` keeps the two equal)."""
+
+    last_job_id: int | None
+    """Id of the load job the last :meth:`allocated` call returned."""
 
     def new_request(
         self, req_id: str, num_prompt_tokens: int, max_load_tokens: int | None = None,
@@ -41,7 +45,8 @@ class PlannerLike(Protocol):
 
     def step(
         self, scheduled: Sequence[ScheduledRequest], finished: Sequence[ScheduledRequest] = (),
-        block_copy_dst_ids: Sequence[int] = (), boundary_handoffs: Any = None,
+        block_copy_dst_ids: Sequence[int] = (),
+        boundary_handoffs: Mapping[str, Sequence[tuple[int, int, int]]] | None = None,
     ) -> list[tuple[int, StoreJob]]: ...
 
     def job_done(self, job_id: int, success: bool = True) -> None: ...
@@ -169,28 +174,61 @@ class ReplayedEvictionStore(ChunkStore):
         return super().prepare_store(keys)
 
 
+@dataclass
+class ReplayProgress:
+    """Where a :func:`replay` is: filled in as it goes, so a caller still knows, after
+    the planner raised, which call raised and what it had answered before."""
+
+    answers: list[Answer] = field(default_factory=list)
+    """The answers collected so far (those before the current call)."""
+    record_index: int | None = None
+    """Index in ``trace.records`` of the record being replayed (None: the factory call)."""
+    step: int = 0
+    call: str = ""
+    """The planner call being made, in words, e.g. ``job_done(17, success=True)``."""
+
+
+def _hashes(hashes: Sequence[bytes] | None) -> str:
+    return "None" if hashes is None else f"<{len(hashes)} block hashes>"
+
+
+def _ids(xs: Sequence[str]) -> str:
+    return "[" + ", ".join(xs) + "]"
+
+
 def replay(
-    trace: T.Trace, factory: PlannerFactory = reference_planner, policy: Policy | None = None
+    trace: T.Trace, factory: PlannerFactory = reference_planner, policy: Policy | None = None,
+    progress: ReplayProgress | None = None,
 ) -> list[Answer]:
     """Feed the trace's inputs to a fresh planner; its answers, call by call.
 
     ``policy``: the switches to plan with (the golden corpus states them); by
     default those of the release that ran the trace (:func:`policy_of`).
+    ``progress``: filled in as the replay goes (the answers so far, the call being
+    made), so that when the planner raises the caller can say at which call.
     """
+    progress = ReplayProgress() if progress is None else progress
+    out = progress.answers
     chunking = chunking_of(trace.config)
     offers = [o for r in trace.records if isinstance(r, T.BuildMeta) for o in r.store_offers]
     store = ReplayedEvictionStore(trace.config.num_cpu_chunks, offers)
+    progress.call = "factory(chunking, store, policy)"
     planner = factory(chunking, store, policy_of(trace.config) if policy is None else policy)
-    out: list[Answer] = []
-    next_load_id: dict[str, int] = {}
-    for r in trace.records:
+    for index, r in enumerate(trace.records):
+        progress.record_index, progress.step = index, r.step
         if isinstance(r, T.NewRequest):
             params = T.thaw_params(r.kv_transfer_params)
-            planner.new_request(
-                r.req_id, r.num_prompt_tokens, _int_param(params, "max_load_tokens"),
-                _int_param(params, "max_offload_tokens"),
-            )
+            load_cap = _int_param(params, "max_load_tokens")
+            offload_cap = _int_param(params, "max_offload_tokens")
+            progress.call = (f"new_request({r.req_id!r}, {r.num_prompt_tokens}, "
+                             f"max_load_tokens={load_cap}, max_offload_tokens={offload_cap})")
+            planner.new_request(r.req_id, r.num_prompt_tokens, load_cap, offload_cap)
         elif isinstance(r, T.Lookup):
+            progress.call = (
+                f"lookup({r.req_id!r}, {_hashes(r.block_hashes)}, num_tokens={r.num_tokens}, "
+                f"computed_tokens={r.computed_tokens}, max_num_new_tokens={r.max_num_new_tokens}, "
+                f"skip_reading_prefix_cache={r.skip_reading_prefix_cache})"
+            )
             hit = planner.lookup(
                 r.req_id, r.block_hashes, r.num_tokens, r.computed_tokens,
                 r.max_num_new_tokens, r.skip_reading_prefix_cache,
@@ -198,27 +236,36 @@ def replay(
             out.append(Answer(r.step, "lookup", r.req_id, hit))
         elif isinstance(r, T.Alloc):
             blocks = [[BlockRef(b.block_id, b.is_null, b.has_block_hash) for b in g] for g in r.blocks]
+            progress.call = (f"allocated({r.req_id!r}, <block tables of {len(blocks)} groups>, "
+                             f"num_external_tokens={r.num_external_tokens})")
             load = planner.allocated(r.req_id, blocks, r.num_external_tokens)
             job_id = getattr(planner, "last_job_id", None)
             out.append(Answer(r.step, "allocated", r.req_id, (job_id, load) if load else None))
-            if load is not None and job_id is not None:
-                next_load_id[r.req_id] = job_id
         elif isinstance(r, T.BuildMeta):
             scheduled = [_scheduled(s) for s in r.scheduled if s.scheduled]
             finished = [_scheduled(s) for s in r.scheduled if not s.scheduled]
             handoffs: dict[str, list[tuple[int, int, int]]] = {}
             for h in r.boundary_handoffs:
                 handoffs.setdefault(h.req_id, []).append((h.group_index, h.block_id, h.boundary_tokens))
+            progress.call = (
+                f"step(scheduled={_ids([s.req_id for s in scheduled])}, "
+                f"finished={_ids([s.req_id for s in finished])}, "
+                f"block_copy_dst_ids={list(r.block_copy_dst_ids)}, boundary_handoffs={handoffs})"
+            )
             jobs = planner.step(scheduled, finished, r.block_copy_dst_ids, handoffs)
             out.append(Answer(r.step, "step", "*", list(jobs)))
         elif isinstance(r, T.JobsDone):
             for d in r.done:
+                progress.call = f"job_done({d.job_id}, success={d.success})"
                 planner.job_done(d.job_id, d.success)
         elif isinstance(r, T.RequestFinished):
+            progress.call = f"request_finished({r.req_id!r}, {_hashes(r.block_hashes)})"
             planner.request_finished(r.req_id, r.block_hashes)
         elif isinstance(r, T.ResetPrefixCache):
             if r.connector_reset:
+                progress.call = "reset()"
                 planner.reset()
+    progress.record_index, progress.call = None, ""
     return out
 
 

@@ -25,15 +25,17 @@ module             concern                                                      
                    chunking the ledger judges prefixes with
 ``tier_budget``    one tier's view of its root's ledger (absolute paths, vLLM's      no
                    ``ReqContext``)
-``ledger``         the root ledger: the model every engine on a root shares, the     no
-                   journal it is replayed from, the lock
-``journal``        the codec of the ledger's records, and owners' liveness           no
+``ledger``         the root ledger's operations under the root's lock: reserve,      no
+                   evict, complete, reclaim dead owners, start, compact
+``ledger_model``   the model every engine on a root shares, kept equal to the        no
+                   journal (replay, apply, append)
+``journal``        the ledger's records and their codec, owners' leases, ``flock``   no
 ``counters``       the thread-safe counter base                                      no
 =================  ===============================================================  ==========
 
 Why this cut: the three things a maintainer changes independently are the file formats
 (``chunk_file``, ``packed_file``), the budget (``budget``, ``tier_budget``, ``ledger``,
-``journal``) and the vLLM glue (``tier``, ``metrics``); only ``tier`` and ``metrics``
+``ledger_model``, ``journal``) and the vLLM glue (``tier``, ``metrics``); only ``tier`` and ``metrics``
 import vLLM, so the formats and the ledger are tested without an engine.  The eviction
 rule itself is :mod:`reference.eviction`'s, reached through its public interface only.
 """

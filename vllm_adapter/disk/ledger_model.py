@@ -1,0 +1,386 @@
+"""The root ledger's model: what a replay of the journal gives, and the journal's I/O.
+
+:class:`LedgerModel` is the half of :class:`~vllm_adapter.disk.ledger.RootLedger` that
+holds the model (the reference's :class:`~reference.eviction.Disk` per namespace, the
+current reservation of each path, recency on one clock) and keeps it equal to the
+journal: applying records (:mod:`vllm_adapter.disk.journal`), replaying what other
+engines appended, appending whole records.  It takes no lock and makes no decision;
+:class:`~vllm_adapter.disk.ledger.RootLedger` (the operations under the root's lock)
+does both.  ``RootLedger.replayed`` is this model read from a root without acting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from reference.eviction import Disk, EvictionRule
+from reference.knobs import Chunking
+from reference.prefix_structure import PrefixStructure
+from vllm_adapter.disk.counters import Counters
+from vllm_adapter.disk.journal import decode, encode
+
+__all__ = ["LEDGER_FILE", "LOCK_FILE", "BudgetCounters", "LedgerIO", "LedgerModel"]
+
+LEDGER_FILE = "kvchunk-ledger.jsonl"
+LOCK_FILE = "kvchunk-ledger.lock"
+
+
+@dataclass
+class BudgetCounters(Counters):
+    """What the root's budget did, as seen by one tier (thread-safe snapshot via :meth:`as_dict`)."""
+
+    files_evicted: int = 0
+    bytes_evicted: int = 0
+    stores_refused: int = 0
+    keys_not_admitted: int = 0
+    """Keys a store left out because they would arrive stranded (the rule only)."""
+    orphans_removed: int = 0
+    reservations_reclaimed: int = 0
+    """Reservations of dead writers failed by this tier."""
+    journal_records_skipped: int = 0
+    """Journal lines that were torn or damaged (skipped on replay)."""
+    compactions: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        with self._lock:
+            return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+
+class LedgerIO:
+    """The ledger's own file operations, one object (a test injects faults and crashes here)."""
+
+    def write(self, fd: int, data: bytes) -> int:
+        return os.write(fd, data)
+
+    def unlink(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+    def replace(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+
+@dataclass
+class Namespace:
+    structure: PrefixStructure
+    disk: Disk
+    path_of: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
+class Reservation:
+    rid: str
+    ns: str
+    fid: int
+    owner: str
+    line_bytes: int
+
+
+class LedgerModel:
+    """The files model of a root, kept equal to its journal (see the module docstring).
+
+    Attributes a subclass sets before :meth:`_reset`: ``root``, ``rule``, ``counters``,
+    ``io``, ``ledger_path``, ``_thread_lock``, ``_chunkings``, ``_kept``."""
+
+    root: str
+    rule: EvictionRule
+    counters: BudgetCounters
+    io: LedgerIO
+    ledger_path: str
+    _thread_lock: threading.RLock
+    _chunkings: dict[str, Chunking]
+    _kept: dict[str, PrefixStructure]
+
+    def _reset(self) -> None:
+        self._spaces: dict[str, Namespace] = {}
+        self._res: dict[str, Reservation] = {}
+        """Path -> its current reservation."""
+        self._by_rid: dict[str, str] = {}
+        """Rid -> path, for the current reservations."""
+        self._pending: set[str] = set()
+        """Paths reserved and not yet done."""
+        self._clock = 0
+        self._events: dict[str, dict[str, bool]] = {}
+        self._inode: int | None = None
+        self._offset = 0
+        self._recorded_budget: int | None = None
+
+    def _space(self, ns: str) -> Namespace:
+        if ns not in self._spaces:
+            structure = self._kept.pop(ns, None)
+            if structure is None or (structure.chunking is None and ns in self._chunkings):
+                structure = PrefixStructure(self._chunkings.get(ns))  # (with the chunking now known)
+            self._spaces[ns] = Namespace(structure, Disk(structure))
+        return self._spaces[ns]
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of the files the ledger holds (reservations included)."""
+        return sum(s.disk.bytes for s in self._spaces.values())
+
+    def files(self, ns: str | None = None) -> dict[str, bool]:
+        """Path -> written (False: reserved, being written) of the files the ledger holds."""
+        with self._thread_lock:
+            return {p: self._spaces[r.ns].disk.files[r.fid].ready
+                    for p, r in self._res.items() if ns is None or r.ns == ns}
+
+    def entry(self, path: str) -> tuple[tuple[bytes, ...], int, bool, str] | None:
+        """What the ledger holds of ``path``: its keys, bytes, written, and reservation id."""
+        with self._thread_lock:
+            r = self._res.get(path)
+            if r is None:
+                return None
+            f = self._spaces[r.ns].disk.files[r.fid]
+            return f.keys, f.nbytes, f.ready, r.rid
+
+    def rids(self, paths: Iterable[str]) -> dict[str, str]:
+        """Path -> current reservation id, of the given paths the ledger holds (a load keeps
+        them, so that what it reports later touches only the files it read)."""
+        with self._thread_lock:
+            return {p: self._res[p].rid for p in paths if p in self._res}
+
+    def owners(self) -> dict[str, str]:
+        """Pending path -> its writer's lease id."""
+        with self._thread_lock:
+            return {p: self._res[p].owner for p in self._pending}
+
+    def totals(self) -> dict[str, int]:
+        """Bytes and files on the root (every namespace, reservations included)."""
+        with self._thread_lock:
+            return {"disk_bytes": self.total_bytes, "disk_files": len(self._res),
+                    "ledger_bytes": self._offset}
+
+    def model(self) -> dict[str, tuple[str, str, int, bool, tuple[bytes, ...]]]:
+        """Path -> (namespace, rid, bytes, written, keys): the whole files model, for
+        comparing engines with a fresh replay."""
+        with self._thread_lock:
+            out = {}
+            for p, r in self._res.items():
+                f = self._spaces[r.ns].disk.files[r.fid]
+                out[p] = (r.ns, r.rid, f.nbytes, f.ready, tuple(sorted(f.keys)))
+            return out
+
+    def _changed(self) -> bool:
+        try:
+            st = os.stat(self.ledger_path)
+        except FileNotFoundError:
+            return self._inode is not None
+        return st.st_ino != self._inode or st.st_size != self._offset
+
+    def stranded_bytes(self) -> int:
+        """Bytes of files whose every key is stranded, plus each partly stranded file's share."""
+        with self._thread_lock:
+            total = 0
+            for space in self._spaces.values():
+                stranded = space.disk.stranded()
+                for f in space.disk.files.values():
+                    if f.keys and stranded.issuperset(f.keys):
+                        total += f.nbytes
+                    elif f.keys:
+                        total += f.nbytes * sum(k in stranded for k in f.keys) // len(f.keys)
+            return total
+
+    # -- applying records -------------------------------------------------------
+
+    def _current(self, rec: dict[str, Any]) -> str | None:
+        """The path a record's rid names now (None: an older reservation, or none)."""
+        return self._by_rid.get(rec["rid"])
+
+    def _apply(self, rec: dict[str, Any], line_bytes: int = 0) -> None:
+        op = rec["op"]
+        if op == "budget":
+            self._recorded_budget = rec["bytes"]  # the last one recorded holds
+            return
+        if op == "use":
+            for rid in rec["rids"]:
+                path = self._by_rid.get(rid)
+                if path is not None:
+                    r = self._res[path]
+                    space = self._spaces[r.ns]
+                    if space.disk.files[r.fid].ready:
+                        self._touch(space, r.fid)
+            return
+        if op == "add":
+            self._add(rec, line_bytes)
+            return
+        path = self._current(rec)
+        if path is None:
+            return  # about an older reservation (or a line that lost its add)
+        r = self._res[path]
+        space = self._spaces[r.ns]
+        if op == "done":
+            self._pending.discard(path)
+            if rec["ok"]:
+                space.disk.files[r.fid].ready = True
+                self._touch(space, r.fid)
+                self._event(r.ns, path, True)
+            else:
+                self._remove(path)
+        elif op == "rm":
+            self._remove(path)
+        elif op == "drop":
+            f = space.disk.files[r.fid]
+            left = tuple(k for k in f.keys if k not in set(rec["keys"]))
+            if not left:
+                self._remove(path)
+            elif len(left) < len(f.keys):
+                space.disk.keep_keys(r.fid, left)
+        elif op == "size":
+            space.disk.resize(r.fid, rec["bytes"])
+
+    def _add(self, rec: dict[str, Any], line_bytes: int) -> None:
+        path, rid = rec["path"], rec["rid"]
+        if path in self._res:
+            if rec["legacy"] or self._res[path].rid == rid:
+                return
+            self._remove(path)  # a newer reservation of the same path replaces the old one
+        space = self._space(rec["ns"])
+        space.structure.record(rec["fragment"])
+        keys = [k for k in dict.fromkeys(rec["keys"]) if k not in space.disk.file_of]
+        self._tick(space.disk)
+        fid = space.disk.add(keys, rec["bytes"], ready=False)
+        self._tock(space.disk)
+        space.path_of[fid] = path
+        self._res[path] = Reservation(rid, rec["ns"], fid, rec["owner"], line_bytes)
+        self._by_rid[rid] = path
+        self._pending.add(path)
+
+    def _event(self, ns: str, path: str, written: bool) -> None:
+        events = self._events.setdefault(ns, {})
+        events.pop(path, None)
+        events[path] = written
+
+    def _tick(self, disk: Disk) -> None:
+        disk.clock = self._clock
+
+    def _tock(self, disk: Disk) -> None:
+        self._clock = max(self._clock, disk.clock)
+
+    def _touch(self, space: Namespace, fid: int) -> None:
+        self._tick(space.disk)
+        space.disk.touch(fid)
+        self._tock(space.disk)
+
+    def _remove(self, path: str) -> None:
+        r = self._res.pop(path, None)
+        self._pending.discard(path)
+        if r is None:
+            return
+        self._by_rid.pop(r.rid, None)
+        self._event(r.ns, path, False)
+        space = self._spaces[r.ns]
+        if r.fid in space.disk.files:
+            space.disk.remove(r.fid)
+        space.path_of.pop(r.fid, None)
+
+    # -- the lock and the journal ---------------------------------------------
+
+    def peek(self, stranded: bool = False) -> dict[str, int] | None:
+        """:meth:`totals` (and ``stranded_bytes``) without waiting: None while another thread
+        of this process is changing the model (vLLM's scheduler thread asks every step)."""
+        if not self._thread_lock.acquire(blocking=False):
+            return None
+        try:
+            out = self.totals()
+            if stranded:
+                out["stranded_bytes"] = self.stranded_bytes()
+            return out
+        finally:
+            self._thread_lock.release()
+
+    def _sync(self) -> None:
+        """Replay what was appended since this ledger last read the journal (all of it when
+        another engine compacted it, or it shrank: a new inode or a smaller size)."""
+        try:
+            st = os.stat(self.ledger_path)
+        except FileNotFoundError:
+            if self._inode is not None:
+                self._replay_all(keep_events=True, from_disk=False)
+            return
+        if st.st_ino != self._inode or st.st_size < self._offset:
+            before = {p: r.ns for p, r in self._res.items()}
+            events = self._events
+            kept = {**self._kept, **{ns: space.structure for ns, space in self._spaces.items()}}
+            self._reset()
+            self._kept = kept
+            self._inode = st.st_ino
+            self._replay(st.st_size)
+            self._kept = {}
+            self._events = events
+            for path, ns in before.items():
+                if path not in self._res:
+                    self._event(ns, path, False)
+            for path, r in self._res.items():
+                if path not in before and self._spaces[r.ns].disk.files[r.fid].ready:
+                    self._event(r.ns, path, True)
+            return
+        self._replay(st.st_size)
+
+    def _replay(self, size: int) -> None:
+        if size <= self._offset:
+            return
+        with open(self.ledger_path, "rb") as f:
+            f.seek(self._offset)
+            data = f.read(size - self._offset)
+        end = data.rfind(b"\n") + 1
+        for line in data[:end].splitlines():
+            rec = decode(line)
+            if rec is None:
+                if line.strip():
+                    self.counters.add(journal_records_skipped=1)
+                continue
+            self._apply(rec, len(line) + 1)
+        self._offset += end
+
+    def _append(self, records: Sequence[dict[str, Any]]) -> None:
+        """Append ``records`` whole, then apply them; a write that fails (a full disk)
+        leaves the journal as it was (truncated back) and the model unchanged."""
+        if not records:
+            return
+        data = b"".join(encode(r) for r in records)
+        fd = os.open(self.ledger_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            st = os.fstat(fd)
+            if self._inode != st.st_ino:
+                self._inode, self._offset = st.st_ino, 0
+            start = st.st_size
+            if start > self._offset:  # a torn tail a crashed writer left: end it on its own line
+                data = b"\n" + data
+            try:
+                view = memoryview(data)
+                while view:
+                    n = self.io.write(fd, bytes(view))
+                    if n <= 0:
+                        raise OSError(errno.ENOSPC, "the ledger's write made no progress")
+                    view = view[n:]
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, start)
+                raise
+            self._offset = start + len(data)
+        finally:
+            os.close(fd)
+        for r in records:
+            rec = decode(encode(r))
+            assert rec is not None, r
+            self._apply(rec, len(encode(r)))
+
+    # -- dead owners ------------------------------------------------------------
+
+    def _replay_all(self, keep_events: bool = True, from_disk: bool = True) -> None:
+        """The files model as the journal says, rebuilt (the prefix structures kept)."""
+        events = self._events
+        kept = {ns: space.structure for ns, space in self._spaces.items()}
+        self._reset()
+        self._kept = kept
+        if from_disk:
+            self._sync()
+        self._kept = {}
+        if keep_events:
+            self._events = events
