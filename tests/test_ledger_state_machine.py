@@ -254,6 +254,7 @@ class LedgerMachine(RuleBasedStateMachine):
             e.io.armed = fault
         self._run(e, lambda: store_files(e.tier, files, lambda ks: str(self.root / _name_of(ks)),
                                          lambda ks: KEY_BYTES * len(ks), write, positions,
+                                         servable=lambda key, path: os.path.exists(path),
                                          written=written))
 
     @rule(i=st.integers(0, 2), pick=st.integers(0, 50))
@@ -614,3 +615,23 @@ def test_a_start_reconciles_sizes_not_only_names(tmp_path: Path) -> None:
     path.write_bytes(b"\n".join(lines) + b"\n")
     again = _engine(tmp_path)
     assert again.ledger.total_bytes == sum(os.path.getsize(p) for p in paths) > 0
+
+
+def test_a_store_over_files_a_load_found_gone_replaces_them(tmp_path: Path) -> None:
+    """Two files of one prompt (chunk 0 and its child chunk 1) vanished; the prompt is stored
+    again: the first dead file's keys leave the ledger and strand the second (it leaves
+    too), then both are stored anew (the second's entry was looked up after it had gone:
+    a KeyError failed every such store in the faults lane)."""
+    e = _engine(tmp_path)
+    chunks, positions = _prompt_chunks(1)
+    paths = _store(e, 1, upto=2)
+    e.tier.complete([(p, True) for p in paths])
+    for p in paths:
+        os.unlink(p)
+    gone = store_files(e.tier, chunks[:2], lambda ks: str(tmp_path / _name_of(ks)),
+                       lambda ks: KEY_BYTES * len(ks), _write_whole, positions,
+                       servable=lambda key, path: os.path.exists(path))
+    assert set(gone) <= set(paths)
+    assert sorted(e.ledger.files().values()) == [True, True]
+    assert all(os.path.exists(p) for p in paths)
+    assert RootLedger.replayed(str(tmp_path)).model() == e.ledger.model()

@@ -84,7 +84,14 @@ def namespaces(root: Path) -> list[str]:
 
 
 def serve(session: Any, req_id: str, prompt: tuple[int, ...], max_seconds: float = 120.0) -> None:
-    """Serve ``prompt`` to completion (two tokens) and wait for the file tier's I/O."""
+    """Serve ``prompt`` to completion (two tokens) and wait for the file tier's I/O.
+
+    A packed tier's lookups answer from its index, which its follower thread brings up to
+    date with other engines' files within ``POLL_SECONDS``; the engine catches up first
+    (what the follower does), so the lane does not race that bound."""
+    tier = SF.tier_of(session)
+    if tier.layout == "packed":
+        tier._follow_ledger(force=True)
     session.add_request(RequestSpec(req_id, prompt, max_tokens=2))
     T.run_until_idle(session, max_seconds=max_seconds)
     T.drain_files(session)

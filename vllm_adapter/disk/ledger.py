@@ -300,7 +300,8 @@ class RootLedger(LedgerModel):
                                 and not servable(k, space.path_of[fid])):
                             dead.setdefault(space.path_of[fid], []).append(k)
                 for path, keys in dead.items():
-                    self._drop_keys_locked(path, self._res[path].rid, keys)
+                    if path in self._res:  # an earlier drop may have stranded it out already
+                        self._drop_keys_locked(path, self._res[path].rid, keys)
             out: list[tuple[str, tuple[bytes, ...]]] = []
             taken: set[bytes] = set()
             offered = [k for k in dict.fromkeys(k for keys in files for k in keys)
