@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from reference.economics import MILLION, _Engine, hashed
-from reference.eviction import Disk, EvictionRule, Layout
+from reference.eviction import Disk, EvictionRule, Layout, Overflow, prefix_closed_head
 from reference.keys import split_key
 from reference.knobs import Chunking
 from reference.plan import Planner, Policy
@@ -65,7 +65,19 @@ class BudgetedIndex:
         rule: EvictionRule = EvictionRule.REACHABLE,
         layout: Layout = Layout.PACKED,
         window_rule: WindowRule = WindowRule.TOKENS_BEFORE_END,
+        *,
+        admission: bool | None = None,
+        overflow: Overflow = Overflow.REFUSE,
+        window_siblings: bool = False,
+        windows_apart: bool = False,
     ) -> None:
+        """``admission``: leave out the keys that would arrive stranded (None: under the
+        rule only, as the rule states); ``overflow``: what a store that does not fit after
+        eviction gets (:class:`~reference.eviction.Overflow`); ``window_siblings``:
+        :meth:`Disk.arrives_stranded`'s option (admission judges a pending boundary by its
+        window keys too); ``windows_apart``: the packed layout writes a store's window
+        keys to a second file (an ablation: the window sections of a boundary the rule
+        keeps as a prefix may then go alone)."""
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
             raise ValueError(f"budget_bytes must be an int >= 0, got {budget_bytes!r}")
         self.key_bytes = (
@@ -78,14 +90,23 @@ class BudgetedIndex:
         self.budget = budget_bytes
         self.rule = rule
         self.layout = layout
+        self.admission = rule is EvictionRule.REACHABLE if admission is None else admission
+        self.overflow = overflow
+        self.window_siblings = window_siblings
+        self.windows_apart = windows_apart
         self.structure = PrefixStructure(chunking, window_rule)
         self.disk = Disk(self.structure)
         self.files_written = 0
         self.files_evicted = 0
         self.files_read = 0
         self.stores_refused = 0
+        """Stores refused whole (nothing evictable made room)."""
         self.keys_dropped = 0
-        """Keys left out of a store because they would arrive stranded (the rule only)."""
+        """Keys left out of a store because they would arrive stranded (admission)."""
+        self.stores_cut = 0
+        """Stores that did not fit, of which a head was admitted (:attr:`Overflow.HEAD`)."""
+        self.keys_cut = 0
+        """Keys left out of those stores (beyond the head)."""
 
     def observe(self, block_hashes: Sequence[bytes]) -> None:
         self.structure.observe(block_hashes)
@@ -118,23 +139,62 @@ class BudgetedIndex:
                 f"prepare_store: key {unknown[0].hex()} has no recorded prefix; call "
                 "observe(block_hashes) with the request's block hashes first"
             )
-        if self.rule is EvictionRule.REACHABLE and new:
-            bad = self.disk.arrives_stranded(new, pending_windows=True)
+        if self.admission and new:
+            bad = (self.disk.arrives_stranded(new, pending_windows=True, window_siblings=True)
+                   if self.window_siblings else
+                   self.disk.arrives_stranded(new, pending_windows=True))
             self.keys_dropped += len(bad)
             new = [k for k in new if k not in bad]
         if not new:
             return StorePlan((), (), ())
-        files = [new] if self.layout is Layout.PACKED else [[k] for k in new]
-        added = [self.disk.add(f, self._size(f)) for f in files]  # pending: protected
+        added = self._add(new)  # pending: protected
         evicted = self.disk.evict_for(0, self.budget, self.rule)
         if evicted is None:
             for fid in added:
                 self.disk.remove(fid)
-            self.stores_refused += 1
-            return None
+            head = self._head(new) if self.overflow is Overflow.HEAD else ()
+            if not head:
+                self.stores_refused += 1
+                return None
+            self.stores_cut += 1
+            self.keys_cut += len(new) - len(head)
+            new = list(head)
+            self._add(new)
+            evicted = self.disk.evict_for(0, self.budget, self.rule)
+            assert evicted is not None, "a head that fits was refused"
         self.files_evicted += len(evicted)
         victims = tuple(k for _, ks in evicted for k in ks)
         return StorePlan(tuple(new), tuple(range(len(new))), victims)
+
+    def _files(self, keys: Sequence[bytes]) -> list[Sequence[bytes]]:
+        """The files a store of ``keys`` writes (its layout)."""
+        if self.layout is Layout.PER_CHUNK:
+            return [[k] for k in keys]
+        if not self.windows_apart:
+            return [keys]
+        full = [k for k in keys if self.structure.is_full(k)]
+        windows = [k for k in keys if not self.structure.is_full(k)]
+        return [f for f in (full, windows) if f]
+
+    def _add(self, keys: Sequence[bytes]) -> list[int]:
+        """Pending files for ``keys`` (never evicted until their store completes)."""
+        return [self.disk.add(f, self._size(f)) for f in self._files(keys)]
+
+    def _head(self, keys: Sequence[bytes]) -> tuple[bytes, ...]:
+        """:func:`~reference.eviction.prefix_closed_head` of a store that does not fit: the
+        bytes the rule could free with the whole store pending (what the head's files
+        depend on is kept as the store's is), then the deepest head within them."""
+        probe = self._add(keys)
+        over = self.disk.bytes - self.budget
+        freeable = self.disk.freeable(over, self.rule)
+        for fid in probe:
+            self.disk.remove(fid)
+        room = self.budget - self.disk.bytes + freeable
+
+        def fits(head: tuple[bytes, ...]) -> bool:
+            return sum(self._size(f) for f in self._files(head)) <= room
+
+        return prefix_closed_head(self.disk, keys, fits)
 
     def complete_store(self, keys: Sequence[bytes], success: bool = True) -> None:
         fids = dict.fromkeys(self.disk.file_of[k] for k in keys if k in self.disk.file_of)
@@ -228,6 +288,16 @@ class DiskEconomics:
     stranded_bytes: int
     """Bytes on disk at the end that no lookup can load."""
     bytes_on_disk: int
+    """Bytes on disk at the end."""
+    stores_refused: int = 0
+    """Stores refused whole: nothing evictable made room (the Planner offers again)."""
+    keys_dropped: int = 0
+    """Keys left out of stores because they would arrive stranded (admission)."""
+    stores_cut: int = 0
+    """Stores that did not fit, of which a prefix-closed head was admitted
+    (:attr:`~reference.eviction.Overflow.HEAD`)."""
+    keys_cut: int = 0
+    """Keys left out of those stores, beyond the head."""
 
     def per_million(self, count: int) -> float:
         return count * MILLION / self.prompt_tokens if self.prompt_tokens else 0.0
@@ -271,6 +341,11 @@ def miss_ratio_curve(
     key_bytes: Mapping[int, int] | int = 1,
     layout: Layout = Layout.PACKED,
     policy: Policy = Policy(),  # noqa: B008  (a frozen dataclass)
+    *,
+    admission: bool | None = None,
+    overflow: Overflow = Overflow.REFUSE,
+    window_siblings: bool = False,
+    windows_apart: bool = False,
 ) -> tuple[DiskEconomics, ...]:
     """:func:`disk_economics` at each of ``sizes`` (bytes; an int ``n``: ``n`` sizes evenly
     spaced up to the unbounded run's peak bytes, ``peak * k // n`` for ``k`` = 1..n, the
@@ -284,12 +359,15 @@ def miss_ratio_curve(
       request, whose peak bytes are at most ``size`` (:data:`SNAPSHOTS` states are kept,
       evenly spaced in requests; a pickled copy: the run's objects are plain data).
 
-    The GPU cache is cold (see :func:`scaled`)."""
+    The GPU cache is cold (see :func:`scaled`).  ``admission``, ``overflow``,
+    ``window_siblings`` and ``windows_apart``: :class:`BudgetedIndex`'s options."""
     reqs = hashed(list(requests(workload)), chunking.tokens_per_hash)
     budget_of_run = workload.max_num_batched_tokens
 
     def new_index(size: int) -> BudgetedIndex:
-        return BudgetedIndex(chunking, key_bytes, size, rule, layout, policy.window)
+        return BudgetedIndex(chunking, key_bytes, size, rule, layout, policy.window,
+                             admission=admission, overflow=overflow,
+                             window_siblings=window_siblings, windows_apart=windows_apart)
 
     def result(engine: _Engine, index: BudgetedIndex, size: int | None,
                baseline_served: int) -> DiskEconomics:
@@ -301,6 +379,8 @@ def miss_ratio_curve(
             files_evicted=index.files_evicted,
             recomputed_for_space_tokens=baseline_served - (t.gpu_hit + t.offload_hit),
             stranded_bytes=index.stranded_bytes(), bytes_on_disk=index.disk.bytes,
+            stores_refused=index.stores_refused, keys_dropped=index.keys_dropped,
+            stores_cut=index.stores_cut, keys_cut=index.keys_cut,
         )
 
     # The unbounded run, keeping (peak bytes so far, requests served, state) snapshots.
@@ -349,9 +429,17 @@ def disk_economics(
     key_bytes: Mapping[int, int] | int = 1,
     layout: Layout = Layout.PACKED,
     policy: Policy = Policy(),  # noqa: B008  (a frozen dataclass)
+    *,
+    admission: bool | None = None,
+    overflow: Overflow = Overflow.REFUSE,
+    window_siblings: bool = False,
+    windows_apart: bool = False,
 ) -> DiskEconomics:
     """Serve ``workload`` (GPU cache cold) over a disk of ``budget_bytes`` evicting by
     ``rule``: hits, files read, written and evicted, tokens recomputed for lack of space,
-    stranded bytes at the end."""
-    (one,) = miss_ratio_curve(chunking, workload, (budget_bytes,), rule, key_bytes, layout, policy)
+    stranded bytes at the end, stores refused, keys dropped by admission (the options:
+    :class:`BudgetedIndex`'s)."""
+    (one,) = miss_ratio_curve(chunking, workload, (budget_bytes,), rule, key_bytes, layout, policy,
+                              admission=admission, overflow=overflow,
+                              window_siblings=window_siblings, windows_apart=windows_apart)
     return one

@@ -52,6 +52,12 @@ The rule (:meth:`Disk.evictable`, :meth:`Disk.evict_for`)
     disk, or it serves no boundary that is whole or one store from whole): it is dropped
     from the store plan.
 
+A store that does not fit (:class:`Overflow`)
+    Refused whole (the rule's default: nothing is written), or, as an option, the longest
+    prefix-closed head of it that fits once the rule has evicted what it may
+    (:func:`prefix_closed_head`, :meth:`Disk.freeable`).  ``docs/semantics.md`` section 10
+    gives what each option costs on a small disk (``scripts/disk_ablation.py``).
+
 Plain LRU (:attr:`EvictionRule.LRU`)
     Evicts the least recently used file, whatever depends on it, and admits every
     key: the baseline (vLLM's per-file tier with an external evictor).  Its
@@ -66,7 +72,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -77,9 +83,11 @@ __all__ = [
     "Disk",
     "EvictionRule",
     "Layout",
+    "Overflow",
     "PrefixStructure",
     "eviction_unit",
     "evictable",
+    "prefix_closed_head",
     "stranded",
 ]
 
@@ -91,6 +99,15 @@ class EvictionRule(Enum):
     """The rule: the least recently used file whose removal strands nothing that stays."""
     LRU = "lru"
     """Plain per-file LRU: the least recently used file (the baseline)."""
+
+
+class Overflow(Enum):
+    """What a store that does not fit after eviction gets (:func:`prefix_closed_head`)."""
+
+    REFUSE = "refuse"
+    """Refused whole: nothing is written (the Planner offers it again next step)."""
+    HEAD = "head"
+    """The longest prefix-closed head of it that fits is admitted; the rest is left out."""
 
 
 class Layout(Enum):
@@ -339,13 +356,33 @@ class Disk:
         while self.bytes + needed_bytes > budget:
             unit = self._next_unit() if rule is EvictionRule.REACHABLE else self._lru_file()
             if unit is None:
-                for fid, f in reversed(removed):  # a refused store changes nothing
-                    self._restore(fid, f)
+                self._undo(removed)  # a refused store changes nothing
                 return None
             for fid in unit:
                 removed.append((fid, self.files[fid]))
                 self.remove(fid)
         return [(fid, f.keys) for fid, f in removed]
+
+    def freeable(self, wanted: int, rule: EvictionRule) -> int:
+        """Bytes ``rule`` could evict now, counted up to ``wanted`` (it stops once that
+        many are freed); nothing changes.  Files being written or read, and what they
+        depend on, are kept, as :meth:`evict_for` keeps them."""
+        removed: list[tuple[int, _File]] = []
+        freed = 0
+        while freed < wanted:
+            unit = self._next_unit() if rule is EvictionRule.REACHABLE else self._lru_file()
+            if unit is None:
+                break
+            for fid in unit:
+                removed.append((fid, self.files[fid]))
+                freed += self.files[fid].nbytes
+                self.remove(fid)
+        self._undo(removed)
+        return freed
+
+    def _undo(self, removed: list[tuple[int, _File]]) -> None:
+        for fid, f in reversed(removed):
+            self._restore(fid, f)
 
     def _restore(self, fid: int, f: _File) -> None:
         """Put an evicted file back with its id and use time (undoing :meth:`evict_for`)."""
@@ -361,7 +398,8 @@ class Disk:
             self.file_of[key] = fid
         self._push_if_leaf(fid)
 
-    def arrives_stranded(self, keys: Sequence[bytes], *, pending_windows: bool = False) -> set[bytes]:
+    def arrives_stranded(self, keys: Sequence[bytes], *, pending_windows: bool = False,
+                         window_siblings: bool = False) -> set[bytes]:
         """Keys of a new file that would be stranded on arrival: a full-attention key
         whose parent is neither on disk nor in the file, a window key with no boundary
         whole once the file is on disk (in any order).
@@ -371,7 +409,16 @@ class Disk:
         absent with its parent present or none): chunked prefill stores a boundary's
         window chunks in steps before its full-attention chunk (vLLM does; the
         reference's Planner stores a boundary's keys together).  Such a key counts as
-        stranded (:meth:`stranded`) until its boundary is whole."""
+        stranded (:meth:`stranded`) until its boundary is whole.
+
+        ``window_siblings`` (with ``pending_windows``): such a boundary is judged by every
+        key it needs, window chunks included: each of its window keys must be on disk
+        (or pending: reserved by a store in flight), in the file, or still to come, one
+        ending after every key of the file whose end is known
+        (:attr:`PrefixStructure.end_token`; stores of a request come in prefix order, so
+        a sibling ending no later than the file's last key will never arrive: vLLM's
+        CPU tier cascades only the chunks it newly stored, not the ones it still held).
+        A sibling whose end is unknown may still come."""
         s = self.structure
         incoming = set(keys)
         bad: set[bytes] = set()
@@ -390,21 +437,33 @@ class Disk:
         def have(k: bytes) -> bool:
             return (k in incoming and k not in bad) or k in self.file_of
 
+        last = max((s.end_token[k] for k in keys if k in s.end_token), default=None)
+
+        def may_come(k: bytes) -> bool:
+            end = s.end_token.get(k)
+            return end is None or last is None or end > last
+
         def completable(b: bytes) -> bool:
             def one_store_away(k: bytes) -> bool:
                 parent = s.parent.get(k, b"")
                 return parent is None or (parent != b"" and have(parent))
+            if window_siblings and not all(have(k) or may_come(k) for k in s.windows_at[b]):
+                return False
             return all(have(k) or one_store_away(k) for k in s.full_at[b])
 
-        for key in keys:
-            if s.is_full(key):
-                continue
-            if not any(
-                all(have(k) for k in s.full_at[b]) and all(have(k) for k in s.windows_at[b])
-                or (pending_windows and completable(b))
-                for b in s.serves.get(key, ())
-            ):
-                bad.add(key)
+        changed = True
+        while changed:  # with window_siblings, to a fixpoint: a dropped sibling drops its boundary
+            changed = False
+            for key in keys:
+                if key in bad or s.is_full(key):
+                    continue
+                if not any(
+                    all(have(k) for k in s.full_at[b]) and all(have(k) for k in s.windows_at[b])
+                    or (pending_windows and completable(b))
+                    for b in s.serves.get(key, ())
+                ):
+                    bad.add(key)
+                    changed = window_siblings
         return bad
 
 
@@ -447,6 +506,76 @@ def eviction_unit(disk: Disk, fid: int) -> tuple[int, ...] | None:
                     files.append(owner)
                     todo.append(owner)
     return tuple(files)
+
+
+def prefix_closed_head(
+    disk: Disk, keys: Sequence[bytes], fits: Callable[[tuple[bytes, ...]], bool],
+) -> tuple[bytes, ...]:
+    """What a store that does not fit admits under :attr:`Overflow.HEAD`: the longest
+    prefix-closed head of ``keys`` (a store's keys, none on disk) that ``fits``.
+
+    The head of depth ``i`` holds the store's full-attention keys of its first ``i``
+    boundaries (a key's depth: how many of its ancestors the store carries; a key whose
+    parent is neither on disk nor in the store is in no head), and the window keys that
+    make a boundary whole with them and the disk (a window key pending for a later
+    boundary is left out: the rest of the store does not come).  ``fits`` must be
+    monotone (a head that fits has every shorter head fit); the head returned is the
+    deepest that fits, in the store's order, or ``()`` when none with a key does."""
+    s = disk.structure
+    incoming = set(keys)
+    depth: dict[bytes, int] = {}
+
+    def depth_of(key: bytes) -> int:
+        """The key's depth in the store, -1 when its prefix is broken."""
+        chain: list[bytes] = []
+        node: bytes | None = key
+        while True:
+            if node is None:  # the chain's first key is chunk 0
+                base = 0
+                break
+            if node in depth:
+                base = depth[node] + 1 if depth[node] >= 0 else -1
+                break
+            if node not in incoming:  # the parent of the chain's first key
+                base = 0 if node in disk.file_of else -1
+                break
+            chain.append(node)
+            parent = s.parent.get(node, b"")
+            if parent == b"":  # no recorded prefix
+                base = -1
+                break
+            node = parent
+        for n in reversed(chain):
+            depth[n] = base
+            if base >= 0:
+                base += 1
+        return depth[key]
+
+    full = [k for k in keys if s.is_full(k)]
+    for k in full:
+        depth_of(k)
+    levels = 1 + max((depth[k] for k in full), default=-1)
+    windows = [k for k in keys if not s.is_full(k)]
+
+    def head(i: int) -> tuple[bytes, ...]:
+        chosen = {k for k in full if 0 <= depth[k] < i}
+
+        def whole(b: bytes) -> bool:
+            return all(k in chosen or k in disk.file_of for k in s.full_at[b]) and all(
+                k in incoming or k in disk.file_of for k in s.windows_at[b])
+
+        chosen.update(w for w in windows if any(whole(b) for b in s.serves.get(w, ())))
+        return tuple(k for k in keys if k in chosen)
+
+    lo, hi = -1, levels  # head(lo) fits (-1: not even head(0)); find the deepest
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        candidate = head(mid)
+        if not candidate or fits(candidate):
+            lo = mid
+        else:
+            hi = mid - 1
+    return head(lo) if lo >= 0 else ()
 
 
 def evictable(disk: Disk) -> list[tuple[int, ...]]:

@@ -89,6 +89,9 @@ class PrefixStructure:
         """Boundary -> the window keys a hit ending there needs."""
         self.serves: dict[bytes, list[bytes]] = {}
         """Window key -> the boundaries that need it."""
+        self.end_token: dict[bytes, int] = {}
+        """Key -> the token its chunk ends at (keys :meth:`observe` recorded; a key
+        :meth:`record` brought in has none)."""
 
     def is_full(self, key: bytes) -> bool:
         return split_key(key)[1] in self.full_groups or key in self.parent
@@ -116,6 +119,7 @@ class PrefixStructure:
                 continue
             parents: list[tuple[bytes, bytes | None]] = []
             windows: list[bytes] = []
+            window_end: dict[bytes, int] = {}
             complete = True
             for gc in chunking.groups:
                 g, hpc = gc.group.index, gc.hashes_per_chunk
@@ -136,11 +140,18 @@ class PrefixStructure:
                     if any(h is None for h in ends_of):
                         complete = False
                         break
-                    windows.extend(make_key(h, g) for h in ends_of if h is not None)
+                    for k, h in zip(chunks, ends_of, strict=True):
+                        if h is not None:
+                            windows.append(make_key(h, g))
+                            window_end[make_key(h, g)] = (k + 1) * gc.tokens_per_chunk
             if not complete or boundary in self.full_at:
                 continue
             self._add_parents(parents)
             self._add_boundary(boundary, tuple(k for k, _ in parents), windows)
+            for key, _ in parents:
+                self.end_token.setdefault(key, end)
+            for key in windows:
+                self.end_token.setdefault(key, window_end[key])
 
     def observe_positions(self, positions: Mapping[bytes, int]) -> None:
         """:meth:`observe` of a request known by its keys' end tokens (key -> end token):
@@ -199,5 +210,6 @@ class PrefixStructure:
         )
 
     def reset(self) -> None:
-        for table in (self.parent, self.children, self.full_at, self.windows_at, self.serves):
+        for table in (self.parent, self.children, self.full_at, self.windows_at, self.serves,
+                      self.end_token):
             table.clear()

@@ -833,8 +833,8 @@ def test_files_per_million_are_reference_economics(model: str, retention: int | 
     e, chunking, _ = reference_economics(model, {"block_size": 512}, retention)
     slot = d["cpu_tier"]["slot_bytes"]
     assert_traffic_is(d["traffic"], e, {g.index: slot for g in e.groups})
-    assert list(d)[-7:] == ["workload", "policy", "fs_models", "traffic", "per_group_map", "sweep",
-                            "disk"]
+    assert list(d)[-8:] == ["workload", "policy", "fs_models", "traffic", "per_group_map", "sweep",
+                            "disk", "metadata"]
     assert d["sweep"] is None
     assert d["workload"]["name"] == "chat" and d["workload"]["prompt_tokens"] == e.prompt_tokens
     assert d["policy"]["prefix_cache_retention_interval"] == retention
@@ -1057,3 +1057,161 @@ def test_disk_budget_and_miss_ratio_curve() -> None:
         for p in curve:
             assert f"{p['budget_bytes']} (" in out
             assert f"{p['rule']['hit_rate']:.1%}" in out and f"{p['lru']['hit_rate']:.1%}" in out
+
+
+# ---------------------------------------------------------------------------
+# Engines per file system: metadata operations per layout (issue #30 item 5)
+# ---------------------------------------------------------------------------
+
+METADATA_KINDS = ("created", "opened", "renamed", "unlinked", "makedirs", "lookups",
+                  "ledger_locks", "ledger_appends")
+# Per event, by kind, from the syscalls (strace of vLLM 0.34.0's fs_io_C and kvchunk's ledger).
+# vLLM's fs tier: a file stored is access(dest) + create_directories (a stat) + create +
+# rename; a file read is the access that found it + open; per request and group, the access
+# that misses after the hit.
+VLLM_FILE_STORED = (1, 0, 1, 0, 1, 1, 0, 0)
+VLLM_FILE_READ = (0, 1, 0, 0, 0, 1, 0, 0)
+VLLM_MISS_PROBE = (0, 0, 0, 0, 0, 1, 0, 0)
+# kvchunk's packed tier: a file stored is two ledger transactions (open lock, flock, stat
+# journal, open to replay, open O_APPEND, append, release) + create + rename + an eviction's
+# unlink + os.makedirs (stat, mkdir, stat) + the write's poll (a stat); a file a load opens:
+# open; a load job: its use records (open O_APPEND + append).
+KVCHUNK_FILE_STORED = (1, 6, 1, 1, 3, 3, 4, 2)
+KVCHUNK_FILE_OPENED = (0, 1, 0, 0, 0, 0, 0, 0)
+KVCHUNK_LOAD_JOB = (0, 1, 0, 0, 0, 0, 0, 1)
+
+
+@pytest.mark.vllm
+@needs_vllm
+@pytest.mark.parametrize("model", sorted(MODELS_512))
+def test_engines_per_file_system_are_the_reference_counts(model: str) -> None:
+    """``--fs-metadata-ops`` / ``--prefill-tokens-per-s`` on both models at ``block_size``
+    512: each layout's metadata operations per million prompt tokens are the reference's
+    files written, file opens (every load), load jobs and requests times each event's
+    syscalls; one engine's rate at T; the engines N serves (vLLM's tier: N / rate; kvchunk's:
+    the last count whose engines, each with its ledger follower and its peers' files and
+    appends, fit); every format carries the numbers."""
+    tokens, capacity = 10_000, 5_000
+    argv = [*models_512(model)[0], "--block-size", "512", "--prefill-tokens-per-s", str(tokens),
+            "--fs-metadata-ops", str(capacity)]
+    d = doc(argv)
+    assert list(d)[-2:] == ["disk", "metadata"]
+    m = d["metadata"]
+    assert (m["fs_metadata_ops"], m["prefill_tokens_per_s"]) == (capacity, tokens)
+    e, _, _ = reference_economics(model, {"block_size": 512})
+    per_chunk, packed = e.per_chunk, e.packed  # reference.layout_economics.LayoutEconomics
+    assert (per_chunk.layout, packed.layout) == ("per_chunk", "packed")
+
+    def per_million(n: float) -> float:
+        return n * 1_000_000 / e.prompt_tokens
+
+    want = {
+        "per_chunk": [per_million(per_chunk.files_written * s + per_chunk.file_opens * r
+                                  + e.requests * len(e.groups) * p)
+                      for s, r, p in zip(VLLM_FILE_STORED, VLLM_FILE_READ, VLLM_MISS_PROBE,
+                                         strict=True)],
+        "packed": [per_million(packed.files_written * s + packed.file_opens * o + e.load_jobs * j)
+                   for s, o, j in zip(KVCHUNK_FILE_STORED, KVCHUNK_FILE_OPENED, KVCHUNK_LOAD_JOB,
+                                      strict=True)],
+    }
+    rows = {row["layout"]: row for row in m["layouts"]}
+    assert list(rows) == ["per_chunk", "packed"]
+    assert list(rows["packed"]) == [
+        "layout", *(f"{k}_per_million" for k in METADATA_KINDS), "ops_per_million",
+        "fixed_ops_per_second", "ops_per_second", "engines",
+        "ops_per_second_per_engine_at_engines"]
+    for name, kinds in want.items():
+        row = rows[name]
+        assert [row[f"{k}_per_million"] for k in METADATA_KINDS] == pytest.approx(kinds)
+        assert row["ops_per_million"] == pytest.approx(sum(kinds))
+    # Packing asks fewer operations per token, and vLLM's tier none of the ledger's.
+    assert rows["packed"]["ops_per_million"] < rows["per_chunk"]["ops_per_million"] / 2
+    assert rows["per_chunk"]["ledger_locks_per_million"] == 0
+    # vLLM's tier: N / (ops per million x T / 1M).
+    chunk_rate = sum(want["per_chunk"]) * tokens / 1e6
+    assert rows["per_chunk"]["ops_per_second"] == pytest.approx(chunk_rate)
+    assert rows["per_chunk"]["engines"] == int(capacity // chunk_rate)
+    # kvchunk's: each engine adds its follower's 50 stats/s; each peer, an open per file it
+    # writes and a replay (5 operations) per append, at most one per 20 ms poll.
+    own = sum(want["packed"]) * tokens / 1e6
+    files = per_million(packed.files_written) * tokens / 1e6
+    appends = per_million(2 * packed.files_written + e.load_jobs) * tokens / 1e6
+    assert rows["packed"]["ops_per_second"] == pytest.approx(own + 50)
+
+    def each(n: int) -> float:
+        return own + 50 + (n - 1) * files + 5 * min(50.0, (n - 1) * appends)
+
+    n = 0
+    while (n + 1) * each(n + 1) <= capacity:
+        n += 1
+    assert n >= 1 and rows["packed"]["engines"] == n
+    assert rows["packed"]["ops_per_second_per_engine_at_engines"] == pytest.approx(each(n))
+    for fmt in ("table", "markdown"):
+        rc, out, err = run([*argv, "--format", fmt])
+        assert rc == 0 and err == "", err
+        section = out[out.index("metadata operations per million"):]
+        assert f"{capacity:,} operations/s" in section and f"{tokens:,} prompt tokens/s" in section
+        for name, row in rows.items():
+            line = next(x for x in section.splitlines() if re.match(rf"\|? ?{name} ", x))
+            cells = [c.strip() for c in line.strip("|").split("|")] if fmt == "markdown" \
+                else line.split()
+            assert cells[0] == name
+            assert cells[9:] == [f"{row['ops_per_million']:,.0f}", f"{row['ops_per_second']:,.0f}",
+                                 f"{row['ops_per_second_per_engine_at_engines']:,.0f}",
+                                 f"{row['engines']:,}"], (fmt, line)
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_without_a_prefill_rate_the_metadata_table_has_counts_only() -> None:
+    """No ``--prefill-tokens-per-s``: operations per million prompt tokens, the default rate
+    and its source (a CephFS MDS, from disk-anchors.md), no engines."""
+    d = doc([*DSV4, "--block-size", "512"])
+    m = d["metadata"]
+    assert m["prefill_tokens_per_s"] is None and m["fs_metadata_ops"] == 2700
+    assert "CephFS" in m["fs_metadata_ops_source"] and "disk-anchors.md" in m[
+        "fs_metadata_ops_source"]
+    assert all(r["engines"] is None and r["ops_per_second"] is None for r in m["layouts"])
+    rc, out, err = run([*DSV4, "--block-size", "512"])
+    assert rc == 0 and "give --prefill-tokens-per-s T" in out
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    ([*GEMMA, "--fs-metadata-ops", "5000"], "--fs-metadata-ops needs --prefill-tokens-per-s"),
+    ([*GEMMA, "--prefill-tokens-per-s", "0"], "must be a positive integer"),
+    ([*GEMMA, "--prefill-tokens-per-s", "1e4"], "must be a positive integer"),
+    ([*GEMMA, "--prefill-tokens-per-s", "100", "--fs-metadata-ops", "-5"],
+     "must be a positive integer"),
+])
+def test_metadata_flag_errors_are_one_line(argv: list[str], needle: str) -> None:
+    assert_one_line_error(*run(argv), needle)
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_disk_runs_report_refusals_drops_recomputation_and_bytes() -> None:
+    """Issue #31's counters, per rule: stores refused, keys dropped by admission, tokens
+    recomputed for lack of space (the count beside its per-million figure), bytes stranded
+    and on disk at the end.  DeepSeek-V4 agentic on a 40 MiB disk: both rules refuse stores
+    (no room for a store's file after eviction), LRU admits every key and strands what it
+    keeps, the rule strands nothing; the table carries the JSON's numbers."""
+    flags = [*DSV4, "--block-size", "512", "--workload", "agentic", "--disk-bytes", "40MiB"]
+    d = doc(flags)["disk"]
+    rule, lru = d["at_budget"]
+    assert (rule["rule"], lru["rule"]) == ("reachable", "lru")
+    for r in (rule, lru):
+        assert list(r)[-5:] == ["stranded_bytes", "bytes_on_disk", "stores_refused",
+                                "keys_dropped", "recomputed_for_space_tokens"]
+        assert all(isinstance(r[k], int) for k in list(r)[-5:])
+        assert r["recomputed_for_space_per_million"] == pytest.approx(
+            r["recomputed_for_space_tokens"] * 1e6 / d["prompt_tokens"])
+        assert 0 < r["bytes_on_disk"] <= r["budget_bytes"] == 40 << 20
+        assert r["stores_refused"] > 0
+    assert rule["stranded_bytes"] == 0 and lru["stranded_bytes"] > 0
+    assert lru["keys_dropped"] == 0
+    for fmt in ("table", "markdown"):
+        rc, out, err = run([*flags, "--format", fmt])
+        assert rc == 0 and err == "", err
+        assert "stores refused" in out and "keys dropped" in out and "bytes on disk" in out
+        for r in (rule, lru):
+            assert f"{r['bytes_on_disk']} (" in out and f" {r['stores_refused']} " in out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hypothesis import given
@@ -21,11 +21,11 @@ from reference.disk_economics import BudgetedIndex
 from reference.economics import _Engine, hashed
 from reference.eviction import EvictionRule, Layout
 from reference.geometry import Geometry, GroupKind, KVGroup
-from reference.keys import group_keys, prefix_block_hashes
+from reference.keys import group_keys, prefix_block_hashes, split_key
 from reference.knobs import BlocksPerChunk, Chunking, resolve
 from reference.plan import Planner, Policy
 from reference.store import LookupResult
-from reference.workload import GpuCache, WorkloadRequest
+from reference.workload import GpuCache, Span, Workload, WorkloadRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY_BYTES = 100
@@ -290,3 +290,221 @@ def test_a_curve_equals_each_size_served_from_scratch() -> None:
                 index.files_read, index.files_written, index.files_evicted), (rule, size)
             assert point.bytes_on_disk == index.disk.bytes <= size
         assert curve[0].files_evicted > 0  # the smallest disk did evict
+
+
+# ---------------------------------------------------------------------------
+# Issue #31: the counters, the ablation's options, the window-sibling admission
+# ---------------------------------------------------------------------------
+
+
+def _two_turns() -> Workload:
+    return Workload(name="t", description="", source="", sessions=3, turns=2, system_tokens=0,
+                    turn_tokens=Span(96, 96), output_tokens=Span(1, 1))
+
+
+def test_a_curve_reports_refusals_drops_and_bytes_on_disk() -> None:
+    """The sessions of ``test_a_curve_counts_evictions_and_recomputation_for_space``: a first
+    turn of 96 tokens (3 chunks), a second of 193 (6 chunks; 3 new).  Worked by hand:
+
+    * a disk of 2 keys: every store offers 3 keys (the Planner's one step), more than the
+      disk holds whatever goes: refused; the Planner offers them again at the finishing step
+      (refused again): 2 refusals per first turn, and the second turn, which hits nothing,
+      offers its 6 keys twice too: 4 refusals a session, 12 in all; nothing is ever written,
+      so nothing is served (recomputed for space = all the unbounded disk served);
+    * plain LRU on that disk: the same (LRU cannot make room for 3 keys in 2 either);
+    * the unbounded disk: no refusal, no key dropped, every key written once: 18 keys on
+      disk at the end."""
+    chunking = _full_only()
+    w = _two_turns()
+    big, = disk_economics.miss_ratio_curve(chunking, w, (10**6,), EvictionRule.REACHABLE, KEY_BYTES)
+    assert (big.stores_refused, big.keys_dropped, big.bytes_on_disk) == (0, 0, 18 * KEY_BYTES)
+    served = big.offload_hit_tokens
+    for rule in EvictionRule:
+        tiny, = disk_economics.miss_ratio_curve(chunking, w, (2 * KEY_BYTES,), rule, KEY_BYTES)
+        assert tiny.stores_refused == 12, rule
+        assert tiny.keys_dropped == 0 and tiny.bytes_on_disk == 0 and tiny.files_written == 0
+        assert tiny.offload_hit_tokens == 0
+        assert tiny.recomputed_for_space_tokens == served == 3 * 96  # each second turn's 3 chunks
+        assert tiny.stranded_bytes == 0
+
+
+def test_the_counters_of_a_curve_point_are_a_fresh_run_s() -> None:
+    """Refusals, drops, cut stores and bytes on disk of each curve point equal serving the
+    workload afresh over that disk (the curve resumes smaller disks from snapshots)."""
+    from reference.workload import Span, Workload, requests
+
+    chunking = _full_swa()
+    w = Workload(name="t", description="", source="", sessions=20, turns=4, system_tokens=64,
+                 turn_tokens=Span(40, 120), output_tokens=Span(1, 20))
+    reqs = hashed(list(requests(w)), chunking.tokens_per_hash)
+    for rule in EvictionRule:
+        for overflow in eviction.Overflow:
+            (unbounded,) = disk_economics.miss_ratio_curve(chunking, w, (2**40,), rule, KEY_BYTES)
+            sizes = [unbounded.bytes_on_disk * k // 9 for k in (1, 2, 4)]
+            curve = disk_economics.miss_ratio_curve(chunking, w, sizes, rule, KEY_BYTES,
+                                                    overflow=overflow)
+            for size, point in zip(sizes, curve, strict=True):
+                index = BudgetedIndex(chunking, KEY_BYTES, size, rule, Layout.PACKED,
+                                      overflow=overflow)
+                engine = _Engine(chunking, Policy(), w.max_num_batched_tokens)
+                engine.index = index
+                engine.planner = Planner(chunking, index, Policy())
+                engine.gpu_cache = GpuCache.COLD
+                for req, chain in reqs:
+                    index.observe(chain)
+                    engine.serve(req, chain)
+                assert (point.stores_refused, point.keys_dropped, point.stores_cut,
+                        point.keys_cut, point.bytes_on_disk) == (
+                    index.stores_refused, index.keys_dropped, index.stores_cut, index.keys_cut,
+                    index.disk.bytes), (rule, overflow, size)
+                assert point.stranded_bytes == index.stranded_bytes()
+                if rule is EvictionRule.REACHABLE:
+                    assert point.stranded_bytes == 0
+                else:
+                    assert point.keys_dropped == 0  # LRU admits every key
+
+
+def test_a_store_that_does_not_fit_admits_its_longest_prefix_closed_head() -> None:
+    """Three chunks offered to a disk of two keys: refused whole by default; under
+    ``Overflow.HEAD`` chunks 0 and 1 are admitted (chunk 2's parent stays out of nothing:
+    the head is prefix-closed), and a later store of chunk 2 evicts nothing it needs."""
+    chunking = _full_only()
+    chain = _chain(list(range(1, 97)), chunking)
+    keys = group_keys(chain, chunking.groups[0])
+    index = BudgetedIndex(chunking, KEY_BYTES, 2 * KEY_BYTES, EvictionRule.REACHABLE,
+                          overflow=eviction.Overflow.HEAD)
+    index.observe(chain)
+    plan = index.prepare_store(keys)
+    assert plan is not None and plan.keys_to_store == tuple(keys[:2])
+    index.complete_store(plan.keys_to_store)
+    assert (index.stores_refused, index.stores_cut, index.keys_cut) == (0, 1, 1)
+    assert index.disk.bytes == 2 * KEY_BYTES and index.stranded_bytes() == 0
+    # Chunk 2 alone: its parent (chunk 1) is no leaf once it is pending, chunk 0 neither: the
+    # rule has nothing to evict, and the head of a one-chunk store does not fit either.
+    assert index.prepare_store([keys[2]]) is None and index.stores_refused == 1
+
+
+def test_prefix_closed_head_takes_whole_boundaries_with_their_windows() -> None:
+    """``eviction.prefix_closed_head`` over a full + 24-token-window chunking (a boundary at
+    each 32-token chunk end needs its full chunk and the window's last chunk): heads grow a
+    boundary at a time, each with the window key that makes it whole; a window key for a
+    boundary whose full chunk is not in the head is left out; ``fits`` picks the deepest."""
+    chunking = _full_swa()
+    structure = eviction.PrefixStructure(chunking)
+    chain = _chain(list(range(1, 97)), chunking)  # 3 chunks
+    structure.observe(chain)
+    full, window = (group_keys(chain, gc) for gc in chunking.groups)
+    disk = eviction.Disk(structure)
+    disk.add([full[0], window[0]], 2, ready=True)  # boundary 1 whole on disk
+    keys = [full[1], window[1], full[2], window[2]]
+    seen: list[tuple[bytes, ...]] = []
+
+    def fits_up_to(n: int) -> Callable[[tuple[bytes, ...]], bool]:
+        def fits(head: tuple[bytes, ...]) -> bool:
+            seen.append(head)
+            return len(head) <= n
+        return fits
+
+    assert eviction.prefix_closed_head(disk, keys, fits_up_to(4)) == tuple(keys)
+    assert eviction.prefix_closed_head(disk, keys, fits_up_to(3)) == (full[1], window[1])
+    assert eviction.prefix_closed_head(disk, keys, fits_up_to(1)) == ()
+    assert all(h in {(), (full[1], window[1]), tuple(keys)} for h in seen)
+    # A store whose first chunk's parent is missing has no head at all.
+    assert eviction.prefix_closed_head(eviction.Disk(structure), keys, fits_up_to(9)) == ()
+
+
+def test_windows_apart_lets_the_rule_evict_an_interior_boundary_s_windows() -> None:
+    """``windows_apart``: a packed store writes its full-attention keys and its window keys
+    to two files; the window file of a boundary the next store extends may go alone (the
+    full chunks stay reachable), where the packed file of both may not (no leaf)."""
+    chunking = _full_swa()
+    chain = _chain(list(range(1, 97)), chunking)
+    full, window = (group_keys(chain, gc) for gc in chunking.groups)
+    for apart, evictable_alone in ((False, False), (True, True)):
+        index = BudgetedIndex(chunking, KEY_BYTES, 10 * KEY_BYTES, EvictionRule.REACHABLE,
+                              windows_apart=apart)
+        index.observe(chain)
+        first = [full[0], full[1], window[1]]
+        plan = index.prepare_store(first)
+        assert plan is not None
+        index.complete_store(plan.keys_to_store)
+        assert len(index.disk.files) == (2 if apart else 1)
+        plan = index.prepare_store([full[2], window[2]])
+        assert plan is not None
+        index.complete_store(plan.keys_to_store)
+        units = eviction.evictable(index.disk)
+        owner = index.disk.file_of[window[1]]
+        assert ((owner,) in units) is evictable_alone, apart
+
+
+def test_window_siblings_refuses_a_window_whose_earlier_sibling_never_comes() -> None:
+    """A key set with a gap on a sliding-window group (issue #31's strand): a 48-token window
+    over 32-token chunks needs the last two chunks before a boundary (cdiv(47, 32) = 2).
+    Boundary 3 (96 tokens) needs window chunks 1 and 2.  The disk holds chunks 0-1 of the
+    full group and nothing of the window group; a store carries full chunk 2 and window
+    chunk 2 only (the CPU tier held window chunk 1 and cascades only what it newly stored).
+
+    By default the boundary is judged by its full-attention key alone: window chunk 2 is
+    admitted and is stranded once the store completes, and ``stranded(pending_windows=True)``
+    does not see it.  With ``window_siblings`` it is not admitted: its sibling, window chunk
+    1, ends before the store's last key and is neither on disk, nor in the store, nor
+    pending.  A sibling that ends after the store's keys may still come and does not count."""
+    groups = (KVGroup(0, GroupKind.FULL, 16),
+              KVGroup(1, GroupKind.SLIDING_WINDOW, 16, sliding_window=48))
+    chunking = resolve(Geometry(groups, tokens_per_hash=16), BlocksPerChunk(2))
+    assert chunking.groups[1].window_in_chunks == 2
+    chain = _chain(list(range(1, 97)), chunking)
+    full, window = (group_keys(chain, gc) for gc in chunking.groups)
+    structure = eviction.PrefixStructure(chunking)
+    structure.observe(chain)
+    assert structure.windows_at[split_key(full[2])[0]] == {window[1], window[2]}
+
+    def disk_with_head() -> eviction.Disk:
+        disk = eviction.Disk(structure)
+        disk.add([full[0]], 1, ready=True)
+        disk.add([full[1]], 1, ready=True)
+        return disk
+
+    store = [full[2], window[2]]
+    disk = disk_with_head()
+    assert disk.arrives_stranded(store, pending_windows=True) == set()  # the strand
+    disk.add(store, 2, ready=True)
+    assert window[2] in disk.stranded()
+    assert window[2] not in disk.stranded(pending_windows=True)  # and nothing removes it
+
+    disk = disk_with_head()
+    assert disk.arrives_stranded(store, pending_windows=True, window_siblings=True) == {window[2]}
+    # The whole boundary in one store, or the sibling already on disk: admitted.
+    assert disk.arrives_stranded([full[2], window[1], window[2]], pending_windows=True,
+                                 window_siblings=True) == set()
+    disk.add([window[1]], 1, ready=True)
+    assert disk.arrives_stranded(store, pending_windows=True, window_siblings=True) == set()
+    # Chunked prefill: window chunk 1 comes first, its later sibling (chunk 2) still to come.
+    disk = disk_with_head()
+    assert disk.arrives_stranded([window[1]], pending_windows=True, window_siblings=True) == set()
+    # A pending sibling (reserved by a store in flight) counts as present.
+    disk = disk_with_head()
+    disk.add([window[1]], 1, ready=False)
+    assert disk.arrives_stranded(store, pending_windows=True, window_siblings=True) == set()
+
+
+def test_window_siblings_in_the_budgeted_index() -> None:
+    """The index's ``window_siblings`` option drops the gap's window key and counts it."""
+    groups = (KVGroup(0, GroupKind.FULL, 16),
+              KVGroup(1, GroupKind.SLIDING_WINDOW, 16, sliding_window=48))
+    chunking = resolve(Geometry(groups, tokens_per_hash=16), BlocksPerChunk(2))
+    chain = _chain(list(range(1, 97)), chunking)
+    full, window = (group_keys(chain, gc) for gc in chunking.groups)
+    for siblings, stored in ((False, (full[2], window[2])), (True, (full[2],))):
+        index = BudgetedIndex(chunking, KEY_BYTES, 10 * KEY_BYTES, EvictionRule.REACHABLE,
+                              Layout.PER_CHUNK, window_siblings=siblings)
+        index.observe(chain)
+        for keys in ([full[0]], [full[1]]):
+            plan = index.prepare_store(keys)
+            assert plan is not None
+            index.complete_store(keys)
+        plan = index.prepare_store([full[2], window[2]])
+        assert plan is not None and plan.keys_to_store == stored
+        index.complete_store(plan.keys_to_store)
+        assert index.keys_dropped == (1 if siblings else 0)
+        assert bool(index.disk.stranded()) is not siblings

@@ -74,8 +74,10 @@ class ChunkedPrefillDisk(Disk):
     ``pending_windows=True`` (chunked prefill stores a boundary's window chunks in
     steps before its full-attention chunk; see :meth:`Disk.arrives_stranded`)."""
 
-    def arrives_stranded(self, keys: Sequence[bytes], *, pending_windows: bool = True) -> set[bytes]:
-        return super().arrives_stranded(keys, pending_windows=pending_windows)
+    def arrives_stranded(self, keys: Sequence[bytes], *, pending_windows: bool = True,
+                         window_siblings: bool = False) -> set[bytes]:
+        return super().arrives_stranded(keys, pending_windows=pending_windows,
+                                        window_siblings=window_siblings)
 
 
 class PackedBudgetedIndex(BudgetedIndex):
@@ -87,8 +89,10 @@ class PackedBudgetedIndex(BudgetedIndex):
     :meth:`BudgetedIndex.prepare_store` would leave them all out)."""
 
     def __init__(self, chunking: Chunking, row_bytes: int, budget_bytes: int,
-                 rule: EvictionRule, policy: Policy, *, pending_windows: bool = True) -> None:
-        super().__init__(chunking, row_bytes, budget_bytes, rule, Layout.PACKED, policy.window)
+                 rule: EvictionRule, policy: Policy, *, pending_windows: bool = True,
+                 window_siblings: bool = False) -> None:
+        super().__init__(chunking, row_bytes, budget_bytes, rule, Layout.PACKED, policy.window,
+                         window_siblings=window_siblings)
         self.row_bytes = row_bytes
         if pending_windows:
             self.disk = ChunkedPrefillDisk(self.structure)
@@ -175,11 +179,13 @@ def predict(
     passes: int = 2,
     rule: EvictionRule = EvictionRule.REACHABLE,
     pending_windows: bool = True,
+    window_siblings: bool = False,
 ) -> list[PassCounts]:
     """Serve ``reqs`` ``passes`` times (cold GPU: the GPU prefix cache empty before every
-    request) over :class:`TieredIndex` with a disk of ``budget_bytes``; counts per pass."""
+    request) over :class:`TieredIndex` with a disk of ``budget_bytes``; counts per pass
+    (``window_siblings``: :meth:`Disk.arrives_stranded`'s option, off as the tier runs)."""
     disk = PackedBudgetedIndex(chunking, row_bytes, budget_bytes, rule, policy,
-                               pending_windows=pending_windows)
+                               pending_windows=pending_windows, window_siblings=window_siblings)
     tiered = TieredIndex(disk)
     engine = Engine(chunking, policy, budget_tokens, tiered)
     engine.gpu_cache = GpuCache.COLD

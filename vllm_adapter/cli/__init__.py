@@ -10,7 +10,8 @@
         [--spec-name CPUOffloadingSpec|TieringOffloadingSpec|KvchunkTieringOffloadingSpec \\
          --fs-path DIR [--fs-read-threads N] [--fs-write-threads N]] \\
         [--workload PRESET|FILE] [--decode-storing] [--fs-model local|nfs|object-store] \\
-        [--sweep] [--disk-bytes SIZE] [--sweep-disk] [--plot PATH]
+        [--sweep] [--disk-bytes SIZE] [--sweep-disk] [--plot PATH] \\
+        [--prefill-tokens-per-s T [--fs-metadata-ops N]]
 
 What it does:
 
@@ -78,6 +79,16 @@ What it does:
    ``blocks_per_chunk`` 1..128), the hit cost of each step up and, per disk
    model, the smallest chunk no longer IOPS-bound; ``--plot PATH`` draws it
    (matplotlib).
+6. **Engines per file system** (:mod:`vllm_adapter.metadata_model`).  A shared file
+   system's metadata service is one rate shared by every engine: per layout (vLLM's
+   per-chunk fs tier, kvchunk's packed tier with its ledger), the metadata operations per
+   million prompt tokens (files created, opened, renamed, unlinked, ``makedirs``, lookups,
+   the ledger's ``flock`` and appends: each event's syscalls times the reference's counts),
+   and with ``--prefill-tokens-per-s T`` (one engine's prompt tokens per second; no default:
+   it depends on the GPUs, the model and the batch) one engine's operations per second and
+   how many engines ``--fs-metadata-ops N`` serves (default
+   :data:`~vllm_adapter.metadata_model.DEFAULT_FS_METADATA_OPS`, one CephFS MDS; the
+   source is printed).
 
 Output: the JSON for ``--kv-transfer-config`` (``KvchunkOffloadingConnector``
 from ``vllm_adapter.connector``, ``kv_both``, ``kv_connector_extra_config``

@@ -22,6 +22,7 @@ from reference.workload import PRESETS, Workload, load_workload, preset, request
 from vllm_adapter import units
 from vllm_adapter.disk.budget import DISK_BYTES_KEY
 from vllm_adapter.disk_model import FS_MODEL_KEYS, FsModel
+from vllm_adapter.metadata_model import DEFAULT_FS_METADATA_OPS
 from vllm_adapter.names import (
     CPU_SPEC,
     KVCHUNK_CONNECTOR,
@@ -157,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec_flags(config.add_argument_group("offloading spec"))
     _add_cache_flags(config.add_argument_group("vLLM engine cache flags"))
     _add_economics_flags(config.add_argument_group("file economics (reference.economics)"))
+    _add_metadata_flags(config.add_argument_group(
+        "engines per file system (vllm_adapter.metadata_model)"))
     config.add_argument("--format", choices=FORMATS, default="table")
     return parser
 
@@ -206,6 +209,28 @@ def _add_economics_flags(group: argparse._ArgumentGroup) -> None:
         "--plot",
         metavar="PATH",
         help="with --sweep or --sweep-disk: write a PNG of the sweep (needs matplotlib)",
+    )
+
+
+def _add_metadata_flags(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--fs-metadata-ops",
+        type=_positive_int,
+        metavar="N",
+        help="the shared file system's metadata operations per second, shared by every engine "
+        f"(default {DEFAULT_FS_METADATA_OPS}: the low end of the 2.7k-12.5k requests/s one CephFS "
+        "MDS was seen to serve, red-hat-storage/ocs-operator#471 and ceph/ceph#30592, as "
+        "collected in /work/shared/design/disk-anchors.md section 4); needs "
+        "--prefill-tokens-per-s",
+    )
+    group.add_argument(
+        "--prefill-tokens-per-s",
+        type=_positive_int,
+        metavar="T",
+        help="prompt tokens one engine takes in per second (computed or loaded: the per-million "
+        "figures' denominator); no default, it depends on the GPUs, the model and the batch: "
+        "without it the metadata operations are printed per million prompt tokens only, "
+        "with it also per second and how many engines --fs-metadata-ops serves",
     )
 
 
@@ -333,6 +358,10 @@ class Request:
     disk_bytes: int | None = None
     """``--disk-bytes``: the disk tier's budget to serve the workload over."""
     sweep_disk: bool = False
+    fs_metadata_ops: int | None = None
+    """``--fs-metadata-ops``; ``None``: :data:`~vllm_adapter.metadata_model.DEFAULT_FS_METADATA_OPS`."""
+    prefill_tokens_per_s: int | None = None
+    """``--prefill-tokens-per-s``: one engine's prompt tokens per second."""
 
     def engine_key(self) -> tuple[Any, ...]:
         return (
@@ -495,6 +524,11 @@ def validate(args: argparse.Namespace) -> Request:
         raise CliError(
             "--plot draws one sweep: give --sweep or --sweep-disk with it, not both"
         )
+    if args.fs_metadata_ops is not None and args.prefill_tokens_per_s is None:
+        raise CliError(
+            "--fs-metadata-ops needs --prefill-tokens-per-s T (one engine's prompt tokens per "
+            "second): the engines a file system serves depend on both"
+        )
     if args.sweep and args.chunk_bytes is not None:
         raise CliError("--sweep sweeps --block-size or --blocks-per-chunk, not --chunk-bytes")
     if args.max_model_len is not None:
@@ -533,4 +567,6 @@ def validate(args: argparse.Namespace) -> Request:
         plot=user_path("--plot", args.plot) if args.plot is not None else None,
         disk_bytes=args.disk_bytes,
         sweep_disk=bool(args.sweep_disk),
+        fs_metadata_ops=args.fs_metadata_ops,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
     )

@@ -46,6 +46,9 @@ def disk_run(e: DiskEconomics) -> DiskRun:
         recomputed_for_space_per_million=e.per_million(e.recomputed_for_space_tokens),
         stranded_bytes=e.stranded_bytes,
         bytes_on_disk=e.bytes_on_disk,
+        stores_refused=e.stores_refused,
+        keys_dropped=e.keys_dropped,
+        recomputed_for_space_tokens=e.recomputed_for_space_tokens,
     )
 
 

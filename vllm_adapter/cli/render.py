@@ -12,12 +12,14 @@ from vllm_adapter.cli.result import (
     DiskTier,
     GroupRow,
     LayoutTraffic,
+    MetadataEconomics,
     PerGroupMap,
     Sizing,
     Sweep,
     SweepPoint,
     Traffic,
 )
+from vllm_adapter.metadata_model import OP_KINDS
 from vllm_adapter.render import Align, TableFormat, render_table
 
 __all__ = ["COLUMNS", "render", "render_markdown", "render_text"]
@@ -418,6 +420,8 @@ def _economics_tables(sizing: Sizing, fmt: TableFormat) -> list[str]:
         "",
         *(f"{bullet}{m.name}: {m.source}" for m in sizing.fs_models),
     ]
+    if sizing.metadata is not None:
+        out += ["", *_metadata_text(sizing.metadata, fmt)]
     if sizing.sweep is not None:
         out += ["", *_sweep_text(sizing, sizing.sweep, fmt)]
     if sizing.disk is not None:
@@ -425,9 +429,71 @@ def _economics_tables(sizing: Sizing, fmt: TableFormat) -> list[str]:
     return out
 
 
+METADATA_COLUMNS = (
+    "layout", "created/1M", "opened/1M", "renamed/1M", "unlinked/1M", "makedirs/1M",
+    "lookups/1M", "flock+release/1M", "ledger appends/1M", "ops/1M", "ops/s (one engine)",
+    "ops/s each (at the answer)", "engines",
+)
+METADATA_MEANINGS = (
+    "per_chunk: vLLM's fs tier (fs_io_C): a file stored is access(dest), create_directories "
+    "(a stat of its existing leaf directory; stat, stat, mkdir while its <hhh>/<hh>_g<group> "
+    "directory is new), a create and a rename: 4; a file read (every load) is the access that "
+    "found it and its open: 2; one access per request and offloaded group (the miss after "
+    "the hit); it never unlinks",
+    "packed: kvchunk's tier: a file stored is two ledger transactions of 7 (open the lock "
+    "file, flock, stat the journal, open it to replay other engines' records, open it "
+    "O_APPEND, append, release), the write's ledger poll (a stat), os.makedirs (stat, mkdir "
+    "EEXIST, stat), a create, a rename and an unlink (a full budget evicts about a file per "
+    "file written): 21; a file opened by a load: 1 (lookups answer from memory); a load job: "
+    "2 (its use records appended); per engine, 50 stats/s (the ledger follower's 20 ms poll); "
+    "per peer, a replay (5) per poll that finds the journal grown (at most 50/s) and an open "
+    "of every file the peer writes (its header)",
+    "every call counted as one operation at the server (no client metadata cache; a stat "
+    "priced as a create, though 10-100x cheaper on the file systems of disk-anchors.md "
+    "section 4); closes, data reads and writes, a tier's start and journal compaction are not "
+    "counted",
+    "engines: the most engines whose operations together (each engine's own, its peers' "
+    "included) stay within the file system's rate; per_chunk: rate / ops/s",
+)
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def _metadata_text(m: MetadataEconomics, fmt: TableFormat) -> list[str]:
+    bullet = "* " if fmt == "markdown" else ""
+    tokens = m.prefill_tokens_per_s
+    engine = ("give --prefill-tokens-per-s T (one engine's prompt tokens per second) for the "
+              "rates and the engines" if tokens is None
+              else f"one engine takes in {tokens:,} prompt tokens/s")
+    rows = [
+        [x.layout, *(_n(getattr(x, f"{k}_per_million")) for k in OP_KINDS),
+         _n(x.ops_per_million), _rate(x.ops_per_second),
+         _rate(x.ops_per_second_per_engine_at_engines),
+         "-" if x.engines is None else f"{x.engines:,}"]
+        for x in m.layouts
+    ]
+    return [
+        "metadata operations per million prompt tokens (every load), and the engines one file "
+        f"system serves (its metadata service: {m.fs_metadata_ops:,} operations/s shared by "
+        f"every engine; {engine}):",
+        "",
+        render_table(METADATA_COLUMNS, rows, fmt,
+                     align=("left", *(_RIGHT,) * (len(METADATA_COLUMNS) - 1))),
+        "",
+        *(f"{bullet}{line}" for line in METADATA_MEANINGS),
+        f"{bullet}{m.fs_metadata_ops:,} operations/s: {m.fs_metadata_ops_source}",
+        f"{bullet}{m.cached_fraction:.1%} of this workload's prompt tokens are not computed "
+        "(GPU and offload hits): an engine that computes P prompt tokens/s takes in about "
+        f"P / {1 - m.cached_fraction:.3f}",
+    ]
+
+
 DISK_COLUMNS_AT = (
     "rule", "disk budget", "hit rate", "hits from disk/1M", "files read/1M",
     "files written/1M", "files evicted/1M", "recomputed for space/1M", "stranded bytes",
+    "stores refused", "keys dropped", "bytes on disk",
 )
 RULE_MEANINGS = {
     "reachable": "the rule: leaves of the prefix structure first, least recently used among "
@@ -443,6 +509,8 @@ def _disk_cells(r: DiskRun) -> list[str]:
         _n(r.files_written_per_million), _n(r.files_evicted_per_million),
         _n(r.recomputed_for_space_per_million),
         f"{r.stranded_bytes} ({human_bytes(r.stranded_bytes)})",
+        str(r.stores_refused), str(r.keys_dropped),
+        f"{r.bytes_on_disk} ({human_bytes(r.bytes_on_disk)})",
     ]
 
 
@@ -450,6 +518,8 @@ DISK_CURVE_COLUMNS = (
     "disk budget", "hit rate (rule)", "hit rate (LRU)", "files evicted/1M (rule)",
     "files evicted/1M (LRU)", "recomputed for space/1M (rule)",
     "recomputed for space/1M (LRU)", "LRU stranded bytes", "rule stranded bytes",
+    "stores refused (rule)", "stores refused (LRU)", "keys dropped (rule)",
+    "bytes on disk (rule)", "bytes on disk (LRU)",
 )
 
 
@@ -464,7 +534,10 @@ def _disk_text(disk: DiskTier, fmt: TableFormat) -> list[str]:
         f"{bullet}workload scaled: {disk.scaling}",
         f"{bullet}recomputed for space: tokens an unbounded disk serves that this one does not "
         "(tokens recomputed for chunk granularity, which the unbounded disk recomputes too, "
-        "are not counted); stranded bytes: on disk at the end, loadable by no lookup",
+        "are not counted); stranded bytes: on disk at the end, loadable by no lookup; "
+        "stores refused: stores nothing evictable made room for (offered again next step); "
+        "keys dropped: keys left out of a store because they would arrive stranded (the "
+        "rule's admission; LRU admits every key)",
         *(f"{bullet}{rule}: {text}" for rule, text in RULE_MEANINGS.items()),
     ]
     if disk.at_budget is not None:
@@ -482,6 +555,9 @@ def _disk_text(disk: DiskTier, fmt: TableFormat) -> list[str]:
                 _n(p.lru.recomputed_for_space_per_million),
                 f"{p.lru.stranded_bytes} ({human_bytes(p.lru.stranded_bytes)})",
                 f"{p.rule.stranded_bytes} ({human_bytes(p.rule.stranded_bytes)})",
+                str(p.rule.stores_refused), str(p.lru.stores_refused), str(p.rule.keys_dropped),
+                f"{p.rule.bytes_on_disk} ({human_bytes(p.rule.bytes_on_disk)})",
+                f"{p.lru.bytes_on_disk} ({human_bytes(p.lru.bytes_on_disk)})",
             ]
             for p in disk.curve
         ]

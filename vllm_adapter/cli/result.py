@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from vllm_adapter.metadata_model import MetadataEconomics, MetadataLayout
 from vllm_adapter.results import (
     BandwidthKnee,
     DiskTimeRow,
@@ -38,6 +39,8 @@ __all__ = [
     "KnobInfo",
     "KvTransferConfig",
     "LayoutTraffic",
+    "MetadataEconomics",
+    "MetadataLayout",
     "ModelInfo",
     "PerGroupMap",
     "PolicyInfo",
@@ -217,6 +220,15 @@ class DiskRun:
     stranded_bytes: int
     """Bytes on disk at the end that no lookup can load (the rule: always 0)."""
     bytes_on_disk: int
+    """Bytes on disk at the end."""
+    stores_refused: int
+    """Stores refused whole: nothing the rule may evict made room (the Planner offers the
+    keys again next step)."""
+    keys_dropped: int
+    """Keys left out of stores because they would arrive stranded (admission; the rule only)."""
+    recomputed_for_space_tokens: int
+    """``recomputed_for_space_per_million``'s count: tokens the unbounded disk serves that this
+    one does not."""
 
 
 @dataclass(frozen=True)
@@ -271,6 +283,9 @@ class Sizing:
     sweep: Sweep | None
     disk: DiskTier | None = None
     """``--disk-bytes`` / ``--sweep-disk`` (``None`` without them)."""
+    metadata: MetadataEconomics | None = None
+    """Metadata operations per layout and the engines one file system serves
+    (``--fs-metadata-ops`` / ``--prefill-tokens-per-s``)."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``--format json`` document (tuples become JSON arrays)."""

@@ -2,7 +2,8 @@
 
 vLLM's planning (:mod:`.derivation`), the knob (:mod:`.knob`), the CPU tier
 (:mod:`.cpu_tier`), the workload's files (:mod:`vllm_adapter.economics`), ``--sweep``
-(:mod:`.sweeps`) and the disk tier's hit rate (:mod:`.disk`), gathered into a
+(:mod:`.sweeps`), the disk tier's hit rate (:mod:`.disk`) and the engines one file system
+serves (:mod:`vllm_adapter.metadata_model`), gathered into a
 :class:`Sizing` (typed, frozen); :meth:`Sizing.to_json` is the document
 ``--format json`` prints.  What it computes on a planned engine, shared with the bench:
 :mod:`vllm_adapter.planning`.
@@ -34,6 +35,7 @@ from vllm_adapter.cli.sweeps import knob_sweep
 from vllm_adapter.disk.budget import DISK_BYTES_KEY
 from vllm_adapter.disk_model import FS_MODELS
 from vllm_adapter.economics import fs_model_info, per_group_map, serve, traffic
+from vllm_adapter.metadata_model import metadata_economics
 from vllm_adapter.names import (
     KVCHUNK_CONNECTOR,
     KVCHUNK_CONNECTOR_MODULE,
@@ -212,4 +214,6 @@ def plan(request: Request, *, debug: bool = False) -> Sizing:
         per_group_map=mapped,
         sweep=swept,
         disk=disk,
+        metadata=metadata_economics(served, request.fs_metadata_ops,
+                                    request.prefill_tokens_per_s),
     )

@@ -76,6 +76,8 @@ TARGETS: dict[str, tuple[str, str]] = {
     "spec: chunks of a job": ("reference.transfer", "chunks_of"),
     "spec: tensor region": ("reference.transfer", "TransferLayout.region_offset"),
     "eviction unit": ("reference.eviction", "eviction_unit"),
+    "window siblings": ("reference.eviction", "Disk.arrives_stranded"),
+    "prefix-closed head": ("reference.eviction", "prefix_closed_head"),
 }
 """Where each rule lives now (re-point here when the reference moves a function)."""
 
@@ -268,6 +270,16 @@ MUTANTS: tuple[Mutant, ...] = (
        "chunks after it in their prefix are stranded)", "eviction unit",
        one("return None  # a full-attention chunk that stays would lose its parent",
            "pass  # a full-attention chunk that stays would lose its parent")),
+    _r("rule_window_sibling_always_to_come", CAPACITY,
+       "admission (window_siblings) takes a sibling window chunk that ends before the store's "
+       "keys to be still to come: window chunks whose earlier siblings never arrive are "
+       "admitted and stranded", "window siblings",
+       one("return end is None or last is None or end > last", "return True")),
+    _r("rule_head_without_windows", CAPACITY,
+       "a prefix-closed head leaves out the window keys that make its boundaries whole (no hit "
+       "can end at them)", "prefix-closed head",
+       one("chosen.update(w for w in windows if any(whole(b) for b in s.serves.get(w, ())))",
+           "pass")),
 )
 """Every rule mutant, in rule order."""
 

@@ -1,0 +1,131 @@
+"""vllm_adapter.metadata_model: metadata operations per layout and engines per file system.
+
+The per-event costs are restated here from the syscalls (``strace`` of vLLM's ``fs_io_C`` and
+of kvchunk's ledger), not imported, and the totals recomputed from
+``reference.economics``' counts.  No vLLM needed (the CLI's run on both models:
+``tests/test_cli.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from reference.economics import economics
+from reference.geometry import Geometry, GroupKind, KVGroup
+from reference.knobs import BlocksPerChunk, resolve
+from reference.plan import Policy
+from reference.workload import preset
+from vllm_adapter import metadata_model as M
+
+# Per event, by kind: (created, opened, renamed, unlinked, makedirs, lookups, flock+release,
+# ledger appends).
+VLLM_STORE = (1, 0, 1, 0, 1, 1, 0, 0)  # access(dest); create_directories' stat; create; rename
+VLLM_LOAD = (0, 1, 0, 0, 0, 1, 0, 0)  # the access that found it; open
+VLLM_MISS = (0, 0, 0, 0, 0, 1, 0, 0)  # per request and group: the access after the hit
+TRANSACTION = (0, 3, 0, 0, 0, 1, 2, 1)  # open lock, flock, stat journal, open x2, append, release
+PACKED_STORE = tuple(
+    a + 2 * t
+    for a, t in zip((1, 0, 1, 1, 3, 1, 0, 0), TRANSACTION, strict=True)
+)  # create, rename, unlink (eviction), makedirs (stat, mkdir, stat), poll stat; 2 transactions
+PACKED_LOAD = (0, 1, 0, 0, 0, 0, 0, 0)
+PACKED_JOB = (0, 1, 0, 0, 0, 0, 0, 1)
+
+
+def test_the_per_event_tables_are_the_syscalls() -> None:
+    for ops, want in ((M.PER_CHUNK_STORE, VLLM_STORE), (M.PER_CHUNK_LOAD, VLLM_LOAD),
+                      (M.PER_CHUNK_MISS_PROBE, VLLM_MISS), (M.LEDGER_TRANSACTION, TRANSACTION),
+                      (M.PACKED_STORE, PACKED_STORE), (M.PACKED_LOAD, PACKED_LOAD),
+                      (M.PACKED_LOAD_JOB, PACKED_JOB)):
+        assert tuple(getattr(ops, k) for k in M.OP_KINDS) == want
+    assert (M.PER_CHUNK_STORE.total, M.LEDGER_TRANSACTION.total, M.PACKED_STORE.total) == (4, 7, 21)
+    assert M.FOLLOWER_REPLAY.total == 5 and M.FOLLOWER_POLLS_PER_S == 50
+
+
+def each_engine(n: int, own: float, fixed: float, peer_files: float, peer_appends: float) -> float:
+    replays = min(50.0, (n - 1) * peer_appends) if fixed else 0.0
+    return own + fixed + (n - 1) * peer_files + 5 * replays
+
+
+def most_engines(capacity: float, own: float, fixed: float = 0.0, peer_files: float = 0.0,
+                 peer_appends: float = 0.0) -> int:
+    """A linear scan: the last n whose n engines fit."""
+    n = 0
+    while (n + 1) * each_engine(n + 1, own, fixed, peer_files, peer_appends) <= capacity:
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize(("capacity", "own", "fixed", "files", "appends"), [
+    (2700, 257.3, 0, 0, 0), (2700, 2700, 0, 0, 0), (2700, 2700.5, 0, 0, 0), (10, 0.001, 0, 0, 0),
+    (2700, 69, 50, 2.6, 9.0), (10000, 70.7, 50, 2.6, 9.0), (2700, 1, 50, 0.01, 0.02),
+    (500, 600, 50, 1, 1), (100_000, 5, 50, 30, 100),
+])
+def test_engines_served_is_the_last_count_that_fits(
+    capacity: float, own: float, fixed: float, files: float, appends: float
+) -> None:
+    got = M.engines_served(capacity, own, fixed, files, appends)
+    assert got == most_engines(capacity, own, fixed, files, appends)
+    if not fixed:
+        assert got == math.floor(capacity / own)
+
+
+def test_an_engine_that_asks_nothing_has_no_limit() -> None:
+    assert M.engines_served(2700, 0.0) is None
+
+
+def test_both_layouts_are_the_reference_counts_times_the_per_event_costs() -> None:
+    """A small hybrid geometry (full attention and a window) on the chat preset: every kind
+    per million prompt tokens, the rate at T and the engines at N, recomputed."""
+    groups = (KVGroup(0, GroupKind.FULL, 16),
+              KVGroup(1, GroupKind.SLIDING_WINDOW, 16, sliding_window=1024))
+    chunking = resolve(Geometry(groups, tokens_per_hash=16), BlocksPerChunk(32))
+    e = economics(chunking, preset("chat"), Policy())
+    per_million = 1e6 / e.prompt_tokens
+    tokens, capacity = 20_000, 5_000
+    m = M.metadata_economics(e, capacity, tokens)
+    assert (m.fs_metadata_ops, m.prefill_tokens_per_s) == (capacity, tokens)
+    assert m.cached_fraction == pytest.approx(
+        (e.gpu_hit_tokens + e.offload_hit_tokens) / e.prompt_tokens)
+    per_chunk, packed = m.layouts
+    assert (per_chunk.layout, packed.layout) == ("per_chunk", "packed")
+    want_chunk = [
+        (e.per_chunk.files_written * s + e.per_chunk.file_opens * r
+         + e.requests * len(e.groups) * p) * per_million
+        for s, r, p in zip(VLLM_STORE, VLLM_LOAD, VLLM_MISS, strict=True)
+    ]
+    want_packed = [
+        (e.packed.files_written * s + e.packed.file_opens * r + e.load_jobs * j) * per_million
+        for s, r, j in zip(PACKED_STORE, PACKED_LOAD, PACKED_JOB, strict=True)
+    ]
+    for row, want in ((per_chunk, want_chunk), (packed, want_packed)):
+        got = [getattr(row, f"{k}_per_million") for k in M.OP_KINDS]
+        assert got == pytest.approx(want)
+        assert row.ops_per_million == pytest.approx(sum(want))
+    assert per_chunk.unlinked_per_million == 0 and per_chunk.ledger_locks_per_million == 0
+    assert packed.ops_per_million < per_chunk.ops_per_million
+    own_chunk = sum(want_chunk) * tokens / 1e6
+    assert per_chunk.ops_per_second == pytest.approx(own_chunk)
+    assert per_chunk.engines == math.floor(capacity / own_chunk)
+    own_packed = sum(want_packed) * tokens / 1e6
+    assert packed.ops_per_second == pytest.approx(own_packed + 50)
+    peer_files = e.packed.files_written * per_million * tokens / 1e6
+    peer_appends = (2 * e.packed.files_written + e.load_jobs) * per_million * tokens / 1e6
+    n = most_engines(capacity, own_packed, 50, peer_files, peer_appends)
+    assert packed.engines == n
+    assert packed.ops_per_second_per_engine_at_engines == pytest.approx(
+        each_engine(n, own_packed, 50, peer_files, peer_appends))
+    assert n * packed.ops_per_second_per_engine_at_engines <= capacity
+
+
+def test_without_a_prefill_rate_only_the_counts() -> None:
+    groups = (KVGroup(0, GroupKind.FULL, 16),)
+    chunking = resolve(Geometry(groups, tokens_per_hash=16), BlocksPerChunk(32))
+    m = M.metadata_economics(economics(chunking, preset("chat"), Policy()))
+    assert m.fs_metadata_ops == M.DEFAULT_FS_METADATA_OPS and "CephFS" in m.fs_metadata_ops_source
+    assert "disk-anchors.md" in m.fs_metadata_ops_source
+    for row in m.layouts:
+        assert row.ops_per_million > 0
+        assert (row.ops_per_second, row.engines, row.ops_per_second_per_engine_at_engines) == (
+            None, None, None)
