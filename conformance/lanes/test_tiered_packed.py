@@ -62,6 +62,7 @@ def _damaged_round(
 ) -> None:
     probe = SF.PackedProbe().install(monkeypatch)
     seen: dict[str, Any] = {}
+    damaged: set[str] = set()
 
     def serve_again(session: Any) -> None:
         tier = SF.tier_of(session)
@@ -71,15 +72,20 @@ def _damaged_round(
 
     session, runner = T.open_session(_driver(tmp_path), 128)
     try:
+        def damage_them() -> None:
+            paths = SF.packed_files(tmp_path)
+            damaged.update(str(p) for p in paths)
+            damage(paths)
+
         rt = T.run_round_trip(session, runner, probe, tmp_path, prompt_len=PROMPT_LEN,
-                              between=lambda: damage(SF.packed_files(tmp_path)))
+                              between=damage_them)
         T.drain_files(session)  # the recomputed keys' files (a damaged file may have gone)
         files = len(SF.packed_files(tmp_path))
         serve_again(session)
     finally:
         T.shutdown(session)
     stats = runner.stats
-    read, failed, _ = seen["damaged"]
+    read, failed, bad_before = seen["damaged"]
     counters = seen["tier"].counters
     summary = (f"{stats.describe()}; packed files written {probe.files_written}; loads "
                f"{len(probe.loaded)} ({read} in the damaged round); load failures "
@@ -91,7 +97,14 @@ def _damaged_round(
     assert stats.corrupted_loads == 0 and stats.foreign_bytes_changed == 0, f"wrong bytes: {summary}"
     assert probe.files_written > 0 and files > 0, f"nothing reached the files: {summary}"
     assert failed > 0, f"no load failed on damaged files: {summary}"
-    assert len(probe.load_failures) == failed, f"a load failed after the recompute: {summary}"
+    # After the recompute: no file that failed before fails again (the recompute rewrote it);
+    # a damaged file the damaged round did not reach (vLLM's full CPU tier refused a store,
+    # so the round read fewer files) may fail once, and only a damaged one.
+    later = counters.bad_paths()[len(bad_before):]
+    again = sorted(set(later) & set(bad_before))
+    assert not again, f"files failed again after the recompute rewrote them: {again}; {summary}"
+    assert set(later) <= damaged, f"an undamaged file failed: {sorted(set(later) - damaged)}; {summary}"
+    assert len(later) == len(set(later)), f"a damaged file failed twice: {later}; {summary}"
     assert len(probe.loaded) > read, f"the third round was not served from files: {summary}"
 
 
