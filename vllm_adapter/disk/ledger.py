@@ -530,8 +530,6 @@ class RootLedger(LedgerModel):
             self._reconcile_sizes()
             victims = self._plan_evictions(partial=True) or []
             self._evict(victims)
-            if self.rule is EvictionRule.REACHABLE:
-                self._drop_stranded()
             self.counters.add(orphans_removed=len(orphans))
             reclaimed = self.counters.as_dict()["reservations_reclaimed"]  # since the ledger opened
             return {"reclaimed": reclaimed, "missing": len(missing),
