@@ -187,6 +187,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.root = Path(tempfile.mkdtemp(prefix="kvchunk-sm-"))
         self.engines: list[Engine] = []
         self.owners_dead: set[str] = set()
+        self.failures: collections.Counter[str] = collections.Counter()
 
     @initialize()
     def two_engines(self) -> None:
@@ -208,16 +209,18 @@ class LedgerMachine(RuleBasedStateMachine):
         live = self._live()
         return live[i % len(live)] if live else None
 
-    def _run(self, e: Engine, op: Any) -> Any:
-        """Run ``op`` as ``e``; a :class:`Crash` kills ``e``; an ``OSError`` (refused store,
-        full disk) and the injected non-``OSError`` are the store's own failures."""
+    def _run(self, e: Engine, op: Any, allowed: tuple[type[BaseException], ...] = ()) -> Any:
+        """Run ``op`` as ``e``; a :class:`Crash` kills ``e``.  Any other exception must be one
+        of ``allowed``: the store's own failures the step injected or may meet (a refused
+        store; the journal's injected ENOSPC; the injected non-``OSError``)."""
         try:
             return op()
         except Crash:
             e.crash()
             self.owners_dead.add(e.ledger.owner)
-        except (StoreRefused, OSError, ValueError):
-            pass
+        except Exception as exc:
+            assert isinstance(exc, allowed), f"{e.name}: unexpected {exc!r} (allowed: {allowed})"
+            self.failures[type(exc).__name__] += 1
         finally:
             e.io.armed = None
         return None
@@ -252,10 +255,15 @@ class LedgerMachine(RuleBasedStateMachine):
                 raise ValueError("injected: not an OSError")  # B6
         elif fault is not None:
             e.io.armed = fault
+        allowed: tuple[type[BaseException], ...] = (StoreRefused,)
+        if fault == "append-enospc":
+            allowed += (OSError,)
+        if fault == "value-error":
+            allowed += (ValueError,)
         self._run(e, lambda: store_files(e.tier, files, lambda ks: str(self.root / _name_of(ks)),
                                          lambda ks: KEY_BYTES * len(ks), write, positions,
                                          servable=lambda key, path: os.path.exists(path),
-                                         written=written))
+                                         written=written), allowed)
 
     @rule(i=st.integers(0, 2), pick=st.integers(0, 50))
     def load(self, i: int, pick: int) -> None:
