@@ -126,16 +126,22 @@ def corpus(session: nox.Session, vllm: str) -> None:
                 env=_env(vllm))
 
 
-@nox.session(python=PYTHON)
+@nox.session(python=PYTHON, reuse_venv=False)
 def corpus_replay(session: nox.Session) -> None:
-    """A backend author's install, ``.[dev]`` alone, no vLLM: the reference passes the corpus.
+    """A backend author's install, no vLLM and no torch: the reference passes the corpus.
 
-    Proves the golden corpus needs nothing but ``reference/`` and the backend: the session
-    fails if vLLM is importable, then replays every case into the reference and runs the
-    corpus tests that need no vLLM.
+    Proves the golden corpus needs nothing but ``reference/`` and the backend: kvchunk is
+    installed without its dependencies (the replay imports only the standard library; the
+    pool of ``reference.store.ChunkStore``, the one torch user on its path, imports it
+    lazily), plus pytest and hypothesis (``tests/conftest.py``) pinned like the other
+    sessions.  The session fails if vLLM or torch is importable, then replays every case
+    into the reference and runs the corpus tests.  A fresh environment each run
+    (``reuse_venv=False``): one reused from a ``.[dev]`` install would still hold torch.
     """
-    _install(session, VLLM_VERSIONS[-1], extras="dev")
+    session.install("--no-deps", "-e", ".")
+    session.install("pytest", "hypothesis", *_resolution_args(VLLM_VERSIONS[-1]))
     session.run("python", "-c", NO_VLLM_CHECK)
+    session.run("python", "-c", NO_TORCH_CHECK)
     session.run("python", "-m", "conformance.corpus", "replay", "--backend", "reference", env=_env())
     session.run("pytest", "tests/test_corpus.py", *session.posargs, env=_env())
 
@@ -144,6 +150,11 @@ NO_VLLM_CHECK = (
     "import importlib.util, sys; "
     "sys.exit('corpus_replay: vllm is importable; this session must run without it' "
     "if importlib.util.find_spec('vllm') else 0)"
+)
+NO_TORCH_CHECK = (
+    "import importlib.util, sys; "
+    "sys.exit('corpus_replay: torch is importable; this session must run without it' "
+    "if importlib.util.find_spec('torch') else 0)"
 )
 
 

@@ -1,5 +1,8 @@
 """``python -m conformance [--backend module:object] [--vllm-rules RELEASE] [--require-cuda]
-[--spec module:Class] [pytest args...]``.
+[--spec module:Class] [-n auto] [pytest args...]``.
+
+``-n N`` (pytest-xdist) runs the cases on N worker processes; the report is the same as a
+serial run's, plus the workers' count in its timings (``docs/gpu-ci.md``).
 
 Runs every lane against the installed vLLM, prints the fixture x knob x lane
 table and writes, for that release:
@@ -95,6 +98,14 @@ def what_changed(answers: dict[str, dict[str, str]]) -> str:
     )
 
 
+def parallel_args(argv: list[str]) -> list[str]:
+    """With pytest-xdist's ``-n`` and no ``--dist``, cases go to workers one by one except
+    those of one ``xdist_group`` (the meta lane's mutants share one worker's outcomes)."""
+    parallel = any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in argv)
+    chosen = any(a.startswith("--dist") for a in argv)
+    return ["--dist=loadgroup"] if parallel and not chosen else []
+
+
 def main(argv: list[str]) -> int:
     REPORTS.mkdir(exist_ok=True)
     version = _vllm_version()
@@ -108,6 +119,7 @@ def main(argv: list[str]) -> int:
         "junit_family=xunit1",
         "-q",
         "-rfEsx",
+        *parallel_args(argv),
         *argv,
     ]
     code = pytest.main(args, plugins=[plugin])

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -89,6 +90,9 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.load_profile(os.environ.get("KVCHUNK_PROFILE", "ci"))
     for lane in ("config", "plan", "data", "gpu_copy", "e2e", "faults", "meta"):
         config.addinivalue_line("markers", f"{lane}: conformance lane {lane}")
+    # pytest-xdist registers it; registered here too, so a GPU CI image without xdist
+    # (docs/gpu-ci.md installs only pytest and hypothesis) still collects under --strict-markers.
+    config.addinivalue_line("markers", "xdist_group(name): cases one -n worker runs together")
 
 
 def rules_line() -> str | None:
@@ -121,3 +125,37 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 @pytest.fixture(scope="session")
 def backend(request: pytest.FixtureRequest) -> Backend:
     return load_backend(request.config.getoption("--backend"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tag each case for the report: its lane marker, and the ``fixture`` and ``knob`` of its
+    parameters.  Here, not in the report plugin, so that every pytest-xdist worker tags its
+    cases (the report plugin lives in the controller and reads the tags off the reports)."""
+    from conformance.report import LANES
+
+    lane = next((name for name in LANES if item.get_closest_marker(name)), "other")
+    item.user_properties.append(("lane", lane))
+    group = item.get_closest_marker("xdist_group")
+    if group is not None and group.args:
+        item.user_properties.append(("xdist_group", str(group.args[0])))
+    case: Any = getattr(item, "callspec", None)
+    params = case.params if case is not None else {}
+    for value in params.values():
+        for attr in ("fixture", "knob"):
+            if hasattr(value, attr) and not any(k == attr for k, _ in item.user_properties):
+                item.user_properties.append((attr, str(getattr(value, attr))))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A setup that waited for the economics lanes' machine-wide lock says how long
+    (``lock_wait_s``): the report's case times leave the wait out."""
+    outcome = yield
+    if call.when == "setup":
+        from conformance.harness import heavy_lock
+
+        if heavy_lock.waited_s:
+            report = outcome.get_result()
+            report.user_properties.append(("lock_wait_s", round(heavy_lock.waited_s, 3)))
+            heavy_lock.waited_s = 0.0

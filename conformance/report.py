@@ -58,6 +58,8 @@ class ConformanceReport:
         """Meta lane, per mutant test: (mutant, bug class, caught by, assertion/crash,
         crashed check, seconds, survivor reason)."""
         self.mutation_score: str | None = None
+        self.corpus_score: str | None = None
+        """The corpus alone (``test_corpus_power.py``): rule mutants killed by the replay."""
         self.economics: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
         """Economics check: (fixture, knob) -> (outcome, ``econ:*`` properties)."""
         self.file_tier: dict[tuple[str, str], dict[str, Any]] = {}
@@ -66,17 +68,31 @@ class ConformanceReport:
         self.tier_counters: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         """Faults lane: tier (``vllm`` / ``kvchunk``) -> counter totals of its cases."""
         """Tiered lanes: (fixture, knob) -> ``counter:files_*`` / ``bytes_per_file:g<i>`` values."""
+        self.case_seconds: dict[str, float] = defaultdict(float)
+        """Per test (node id): its setup, call and teardown together."""
+        self.call_seconds: dict[str, float] = {}
+        """Per test (node id): its call alone (a setup may wait on a lane's shared fixture or
+        the economics lanes' machine-wide lock: that is not the case's own time)."""
+        self.lock_wait_s = 0.0
+        """Setups' waits for the economics lanes' machine-wide lock (left out of case times)."""
+        self.groups: dict[str, str] = {}
+        """Per test (node id) in an ``xdist_group``: the group (one worker runs it whole)."""
+        self.workers = 0
+        """pytest-xdist workers (``-n``); 0: one process."""
         self.started = time.monotonic()
 
-    @staticmethod
-    def _lane(item: pytest.Item) -> str:
-        for lane in LANES:
-            if item.get_closest_marker(lane):
-                return lane
-        return "other"
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.workers = int(getattr(session.config.option, "numprocesses", 0) or 0)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         props = dict(report.user_properties)
+        waited = float(props.get("lock_wait_s", 0.0)) if report.when == "setup" else 0.0
+        self.case_seconds[report.nodeid] += report.duration - waited
+        self.lock_wait_s += waited
+        if report.when == "call":
+            self.call_seconds[report.nodeid] = report.duration
+        if "xdist_group" in props:
+            self.groups[report.nodeid] = str(props["xdist_group"])
         if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
             lane = props.get("lane", "other")
             key = (str(props.get("fixture", "-")), str(props.get("knob", "-")), str(lane))
@@ -105,6 +121,13 @@ class ConformanceReport:
             if "mutation_score" in props:
                 outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
                 self.mutation_score = f"{props['mutation_score']} ({outcome})"
+            if "corpus_mutation_score" in props:
+                outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+                self.corpus_score = (
+                    f"{props['corpus_mutation_score']} of the reference-rule mutants ({outcome}); "
+                    f"{props.get('corpus_mutation_score_reached', '-')} of those whose code the "
+                    "replay runs (`conformance/lanes/test_corpus_power.py` names each survivor "
+                    "and the case class the corpus lacks)")
             tier = TIER_KNOB.match(key[1])
             if tier is not None:
                 parts = (tier["before"].strip(" ,"), tier["after"].strip(" ,"))
@@ -128,16 +151,6 @@ class ConformanceReport:
                 elif name.startswith("version_answer:"):
                     suffix = "" if report.outcome == "passed" else f" (test {report.outcome})"
                     self.version_answers[name.removeprefix("version_answer:")] = f"{value}{suffix}"
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        item.user_properties.append(("lane", self._lane(item)))
-        case: Any = getattr(item, "callspec", None)
-        params = case.params if case is not None else {}
-        for value in params.values():
-            for attr in ("fixture", "knob"):
-                if hasattr(value, attr) and not any(k == attr for k, _ in item.user_properties):
-                    item.user_properties.append((attr, str(getattr(value, attr))))
 
     def table(self) -> str:
         order = {lane: i for i, lane in enumerate(LANES)}
@@ -221,6 +234,8 @@ class ConformanceReport:
         score = self.mutation_score or "not computed (test_mutation_score did not run)"
         survivors = [f"- `{row[0]}`: {row[6]}" for row in rows if row[3] != "assertion"]
         text = f"{table}\n\nScore (caught by assertion / non-equivalent mutants): {score}"
+        if self.corpus_score is not None:
+            text += f"\n\nThe golden corpus alone (replayed into the reference): {self.corpus_score}"
         if survivors:
             text += "\n\nNot caught by an assertion:\n\n" + "\n".join(survivors)
         return text
@@ -308,6 +323,35 @@ class ConformanceReport:
             rows,
         )
 
+    def timings(self) -> str:
+        """Per lane file: its cases, their seconds (setup, call and teardown summed) and its
+        longest case (its call); then the run's wall time and workers, and the longest case
+        of all."""
+        files: dict[str, list[str]] = defaultdict(list)
+        for nodeid in self.case_seconds:
+            files[nodeid.split("::", 1)[0]].append(nodeid)
+
+        def summed(ids: list[str]) -> float:
+            return sum(self.case_seconds[i] for i in ids)
+
+        rows = [(name, str(len(ids)), f"{summed(ids):.1f}",
+                 f"{max(self.call_seconds.get(i, 0.0) for i in ids):.1f}")
+                for name, ids in sorted(files.items(), key=lambda kv: -summed(kv[1]))]
+        table = render_table(("lane file", "cases", "seconds", "longest case (s, its call)"), rows)
+        wall = time.monotonic() - self.started
+        longest = max(self.call_seconds.items(), key=lambda kv: kv[1], default=("-", 0.0))
+        procs = f"{self.workers} pytest-xdist workers" if self.workers else "one process"
+        groups: dict[str, float] = defaultdict(float)
+        for nodeid, group in self.groups.items():
+            groups[group] += self.case_seconds[nodeid]
+        biggest = max(groups.items(), key=lambda kv: kv[1], default=("-", 0.0))
+        return (f"{table}\n\nWall time {wall:.0f} s ({procs}); cases' seconds summed "
+                f"{sum(self.case_seconds.values()):.0f} s; longest case {longest[1]:.1f} s "
+                f"(`{longest[0]}`); largest xdist group {biggest[1]:.0f} s (`{biggest[0]}`, "
+                f"one worker runs it whole). Setups waited {self.lock_wait_s:.0f} s for another "
+                "process's economics lane (`conformance/harness/heavy_lock.py`), left out of "
+                "the cases' seconds.")
+
     def write(self, path: Path, header: str) -> str:
         timing = render_table(
             ("lane", "seconds"),
@@ -316,7 +360,8 @@ class ConformanceReport:
         counters = render_table(("counter", "value"), sorted(self.counters.items()))
         text = (
             f"# kvchunk conformance report\n\n{header}\n\n## Results\n\n{self.table()}\n\n"
-            f"## Lane timings (s)\n\n{timing}\n"
+            f"## Lane timings (s)\n\n{timing}\n\n"
+            f"## Case timings per lane file\n\n{self.timings()}\n"
         )
         reliability = self.reliability()
         if reliability:

@@ -48,8 +48,10 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # only the optional pool needs torch; the planner and corpus replay do not
+    import torch
 
 
 class LookupResult(Enum):
@@ -112,6 +114,8 @@ class ChunkStore:
         if slot_bytes is not None:
             if isinstance(slot_bytes, bool) or not isinstance(slot_bytes, int) or slot_bytes <= 0:
                 raise ValueError(f"slot_bytes must be an int > 0, got {slot_bytes!r}")
+            import torch
+
             self.pool = torch.zeros(
                 (num_slots, slot_bytes), dtype=torch.uint8, device=device, pin_memory=pin_memory
             )

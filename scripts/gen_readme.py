@@ -53,6 +53,9 @@ from vllm_adapter.disk.chunk_file import CHECKSUM  # noqa: E402
 from vllm_adapter.release_list import SUPPORTED_RELEASES  # noqa: E402
 
 README = ROOT / "README.md"
+GPU_CI = ROOT / "docs" / "gpu-ci.md"
+OTHER_DOCS = {"conformance-timing": GPU_CI}
+"""Regions that live in another document than the README, by name."""
 BENCH_JSON = ROOT / "reports" / "bench.json"
 BENCH_MD = ROOT / "reports" / "bench.md"
 REPORTS = ROOT / "reports"
@@ -506,9 +509,72 @@ def _mutation_region(reports: Mapping[str, str]) -> str:
     return f"{text}; the {count} {noun} {named} in the reports with why"
 
 
+_TIMING = re.compile(
+    r"^Wall time (?P<wall>\d+) s \((?P<procs>[^)]*)\); cases' seconds summed "
+    r"(?P<summed>\d+) s; longest case (?P<longest>[\d.]+) s \(`(?P<case>[^`]*)`\); "
+    r"largest xdist group (?P<group_s>\d+) s \(`(?P<group>[^`]*)`[^)]*\)\. "
+    r"Setups waited (?P<waited>\d+) s",
+    re.M,
+)
+
+
+@dataclass(frozen=True)
+class SuiteTiming:
+    """A conformance report's timing line (``conformance/report.py`` ``timings``)."""
+
+    wall_s: int
+    processes: str
+    summed_s: int
+    longest_s: float
+    longest_case: str
+    group_s: int
+    group: str
+    waited_s: int
+    """Seconds the run's setups waited for another process's economics lane (CI runs both
+    releases' chains at once): part of the wall time, not of the suite's own."""
+
+    def expected_s(self, workers: int) -> int:
+        """The wall time ``-n workers`` implies: the summed seconds shared out, never below
+        the longest case or the largest group one worker runs whole, plus the serial run's
+        wall time over its summed seconds (the start, collection and report) once."""
+        own_wall = self.wall_s - self.waited_s
+        overhead = max(own_wall - self.summed_s, 0) if self.processes == "one process" else 0
+        return round(max(self.summed_s / workers, self.longest_s, self.group_s) + overhead)
+
+
+def suite_timing(report_md: str) -> SuiteTiming | None:
+    m = _TIMING.search(report_md)
+    if m is None:
+        return None
+    return SuiteTiming(int(m["wall"]), m["procs"], int(m["summed"]), float(m["longest"]),
+                       m["case"], int(m["group_s"]), m["group"], int(m["waited"]))
+
+
+def _timing_region(reports: Mapping[str, str]) -> str:
+    timings = {release: suite_timing(md) for release, md in reports.items()}
+    lines = []
+    for release, t in timings.items():
+        where = f"`reports/conformance-{release}.md`"
+        if t is None:
+            lines.append(f"* vLLM {release}: {NOT_MEASURED} ({where} has no timing line).")
+            continue
+        waited = (f" ({t.waited_s} s of it waiting for the other release's economics lanes)"
+                  if t.waited_s else "")
+        lines.append(
+            f"* vLLM {release} ({where}): {t.wall_s} s wall in {t.processes}{waited}, the cases' "
+            f"seconds summed {t.summed_s} s, the longest case {t.longest_s:.0f} s "
+            f"(`{t.longest_case}`), the largest group one worker runs whole {t.group_s} s "
+            f"(`{t.group}`). Expected wall time: about {t.expected_s(2)} s with `-n 2`, "
+            f"{t.expected_s(8)} s with `-n 8`, {t.expected_s(32)} s with `-n 32` (the summed "
+            "seconds shared out, never below the longest case or that group, plus the start)."
+        )
+    return _block(lines)
+
+
 def report_regions(reports: Mapping[str, str]) -> dict[str, str]:
     """The report regions' bodies from ``reports/conformance-<release>.md``."""
-    return {"meta-mutation-score": _mutation_region(reports)}
+    return {"meta-mutation-score": _mutation_region(reports),
+            "conformance-timing": _timing_region(reports)}
 
 
 # ---------------------------------------------------------------------------
@@ -715,6 +781,11 @@ def generate(*, cli: bool = True) -> dict[str, str]:
     return bodies
 
 
+def regions_in(doc: Path, bodies: Mapping[str, str]) -> dict[str, str]:
+    """The bodies of the regions that live in ``doc`` (:data:`OTHER_DOCS`; else the README)."""
+    return {name: body for name, body in bodies.items() if OTHER_DOCS.get(name, README) == doc}
+
+
 def stale(text: str, bodies: Mapping[str, str]) -> list[str]:
     """A unified diff per region whose body differs from ``bodies``."""
     have = read_regions(text)
@@ -735,18 +806,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bench-only", action="store_true", help="only the regions from reports/")
     args = parser.parse_args(argv)
     bodies = generate(cli=not args.bench_only)
-    text = README.read_text()
-    if args.check:
-        diffs = stale(text, bodies)
-        for d in diffs:
-            print(d)
-        return 1 if diffs else 0
-    new = fill(text, bodies)
-    if new != text:
-        README.write_text(new)
-    print(f"gen_readme: {len(bodies)} regions of README.md "
-          f"{'rewritten' if new != text else 'already current'}")
-    return 0
+    status = 0
+    for doc in (README, *sorted(set(OTHER_DOCS.values()))):
+        mine = regions_in(doc, bodies)
+        text = doc.read_text()
+        if args.check:
+            diffs = stale(text, mine)
+            for d in diffs:
+                print(d)
+            status = status or (1 if diffs else 0)
+            continue
+        new = fill(text, mine)
+        if new != text:
+            doc.write_text(new)
+        print(f"gen_readme: {len(mine)} regions of {doc.relative_to(ROOT)} "
+              f"{'rewritten' if new != text else 'already current'}")
+    return status
 
 
 if __name__ == "__main__":

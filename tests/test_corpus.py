@@ -171,6 +171,61 @@ def test_every_section8_rule_is_covered(release: str) -> None:
     assert not missing, f"vLLM {release}: no case covers {missing}"
 
 
+def _class_situations(trace: Any, policy: Any) -> dict[str, bool]:
+    """What each case added for a class the corpus lacked (issue #32) exists to contain."""
+    from conformance.protocol import trace as T
+
+    metas = trace.of_type(T.BuildMeta)
+    offers = [o for m in metas for o in m.store_offers]
+    done = [d for r in trace.of_type(T.JobsDone) for d in r.done]
+    lookups = trace.of_type(T.Lookup)
+    finished = trace.of_type(T.RequestFinished)
+    sw = [g for g in trace.config.offloaded_groups if g.sliding_window is not None]
+    stored_before = {k for m in metas for j in m.store_jobs for k in j.job.keys
+                     if j.job.req_id == "a"}
+    evicted = {k for o in offers if o.req_id != "a" for k in o.evicted}
+    finish_step = next((r.step for r in finished if r.req_id == "a"), None)
+    failed_load = next((lk.step for lk in lookups if lk.req_id == "B" and lk.hit_tokens), None)
+    retried = [lk.hit_tokens for lk in lookups if lk.req_id == "B"
+               and failed_load is not None and lk.step > failed_load]
+    return {
+        "full-tier": any(o.accepted is None for o in offers) and any(o.evicted for o in offers)
+        and any(lk.hit_tokens for lk in lookups),
+        "window-whole-vs-before-end": any((g.sliding_window - 1) % (
+            g.tokens_per_block * trace.config.blocks_per_chunk) == 0 for g in sw),
+        "window-gap": any(g.extra_retained_tokens for g in sw)
+        and any(lk.req_id == "r4" and lk.hit_tokens for lk in lookups),
+        "offered-before-then-evicted": bool(stored_before & evicted) and finish_step is not None
+        and not any(j.job.req_id == "a" for m in metas if m.step == finish_step + 1
+                    for j in m.store_jobs),
+        "preempted-load-fails": any(m.preempted_req_ids for m in metas)
+        and any(not d.success for d in done)
+        and any(r.status == "finished_error" and r.num_computed_tokens == r.num_tokens
+                for r in finished),
+        "failed-load-retry": any(not d.success for d in done)
+        and trace.config.kv_load_failure_policy == "recompute"
+        and bool(retried) and bool(retried[0]) == policy.reload_after_failed_load,
+        "skip-prefix-cache": any(lk.skip_reading_prefix_cache and lk.hit_tokens == 0
+                                 for lk in lookups)
+        and any(not lk.skip_reading_prefix_cache and lk.hit_tokens for lk in lookups),
+    }
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_each_class_case_contains_its_situation(release: str) -> None:
+    """The cases added for classes the corpus lacked (a refused store, a window where the
+    whole window and the tokens before the end differ, a window gap, a re-offer after an
+    eviction, a preemption with a failed load, a failed load recomputed, a request that
+    skips the prefix cache) still contain what they were added for after a regeneration."""
+    cases = {c.name.rsplit("/", 1)[1]: c for c in read_corpus(data_path(release))}
+    for name in _class_situations(next(iter(cases.values())).trace,
+                                  next(iter(cases.values())).policy):
+        assert name in cases, f"vLLM {release}: no case {name!r}"
+        case = cases[name]
+        assert _class_situations(case.trace, case.policy)[name], (
+            f"vLLM {release}: {case.name} no longer contains its situation")
+
+
 def test_readme_lists_the_current_coverage() -> None:
     readme = (DATA_DIR.parent / "README.md").read_text()
     assert coverage_markdown() in readme, "python -m conformance.corpus coverage, into README.md"

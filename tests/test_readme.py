@@ -214,7 +214,7 @@ def test_mutation_score_sentence_says_what_the_reports_say() -> None:
     non-equivalent mutants)" line, read back here without the generator's parser."""
     gen = _gen()
     reports = gen.load_conformance_reports()
-    bodies = gen.report_regions(reports)
+    bodies = gen.regions_in(gen.README, gen.report_regions(reports))
     assert not gen.stale(README.read_text(), bodies), _stale_message(gen, bodies)
     text = gen.read_regions(README.read_text())["meta-mutation-score"]
     for release, md in reports.items():
@@ -222,6 +222,59 @@ def test_mutation_score_sentence_says_what_the_reports_say() -> None:
         caught, scored = line.split(": ", 1)[1].split(" ")[0].split("/")
         assert f"{caught} of {scored}" in text, (release, line, text)
         assert f"`reports/conformance-{release}.md`" in text
+
+
+def test_gpu_ci_timing_says_what_the_reports_say() -> None:
+    """docs/gpu-ci.md's expected wall times are each report's timing line, read back here
+    without the generator's parser: the serial wall time, the longest case, and for ``-n``
+    workers at least the longest case and at most the serial wall time."""
+    gen = _gen()
+    reports = gen.load_conformance_reports()
+    bodies = gen.regions_in(gen.GPU_CI, gen.report_regions(reports))
+    doc = gen.GPU_CI.read_text()
+    assert not gen.stale(doc, bodies), "\n".join(gen.stale(doc, bodies))
+    text = gen.read_regions(doc)["conformance-timing"]
+    for release, md in reports.items():
+        line = next((x for x in md.splitlines() if x.startswith("Wall time ")), None)
+        if line is None:
+            assert f"vLLM {release}: not measured" in text
+            continue
+        wall = int(line.split(" ")[2])
+        longest = float(line.split("longest case ")[1].split(" ")[0])
+        row = next(x for x in text.splitlines() if x.startswith(f"* vLLM {release} "))
+        assert f"{wall} s wall" in row and f"longest case {longest:.0f} s" in row, (line, row)
+        with_two = int(row.split("about ")[1].split(" s with `-n 2`")[0])
+        assert longest <= with_two + 1 and with_two <= wall, (line, row)
+
+
+def test_the_reports_timing_line_is_what_the_generator_reads() -> None:
+    """conformance/report.py writes the line scripts/gen_readme.py parses: a change to one
+    that the other does not follow fails here, not as a silently "not measured" doc."""
+    from conformance.report import ConformanceReport
+
+    report = ConformanceReport()
+    report.case_seconds.update({"a.py::x": 40.0, "a.py::y": 20.0, "b.py::z": 5.0})
+    report.call_seconds.update({"a.py::x": 39.0, "a.py::y": 19.0, "b.py::z": 4.0})
+    report.groups.update({"a.py::x": "heavy", "a.py::y": "heavy"})
+    report.lock_wait_s = 12.0
+    t = _gen().suite_timing(report.timings())
+    assert t is not None, report.timings()
+    assert (t.processes, t.summed_s, t.longest_s, t.longest_case, t.group_s, t.group,
+            t.waited_s) == ("one process", 65, 39.0, "a.py::x", 60, "heavy", 12)
+
+
+def test_expected_wall_time_is_the_summed_seconds_shared_out() -> None:
+    gen = _gen()
+    md = ("Wall time 700 s (one process); cases' seconds summed 600 s; longest case 80.0 s "
+          "(`conformance/lanes/x.py::y`); largest xdist group 120 s (`heavy`, one worker runs "
+          "it whole). Setups waited 50 s for another process's economics lane (`x`), left "
+          "out of the cases' seconds.\n")
+    t = gen.suite_timing(md)
+    assert (t.wall_s, t.summed_s, t.longest_s, t.group_s, t.group, t.waited_s) == (
+        700, 600, 80.0, 120, "heavy", 50)
+    # 50 s of start (700 - 50 waited - 600); 600 s shared out; never below the group (120 s)
+    # or the longest case
+    assert t.expected_s(1) == 650 and t.expected_s(2) == 350 and t.expected_s(32) == 170
 
 
 def test_mutation_score_of_a_report_without_one_is_not_measured() -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conformance.protocol import trace as T
+from conformance.protocol.replay import chunking_of
 from reference.geometry import GroupKind
 
 SEMANTICS = Path(__file__).resolve().parents[2] / "docs" / "semantics.md"
@@ -130,19 +131,30 @@ def _dense_sw_store(trace: T.Trace) -> bool:
     return trace.config.prefix_cache_retention_interval is None and _store_in_sw(trace)
 
 
-def _sparse_sw_store(trace: T.Trace) -> bool:
-    return trace.config.prefix_cache_retention_interval is not None and _store_in_sw(trace)
-
-
-def _reoffer(trace: T.Trace) -> bool:
-    """Dense retention, a sliding-window group, and a store in the step a request that
-    decoded past its prompt finished (its final segment moved off the prompt horizon)."""
-    if trace.config.prefix_cache_retention_interval is not None or not _store_in_sw(trace):
+def _reconsidered(trace: T.Trace) -> bool:
+    """Where a finished request's last segment is reconsidered (``reconsider_from`` returns a
+    chunk: ``final_tail_blocks`` sets it, ``offered_under_prompt_horizon`` filters what it
+    re-offers): dense retention, decode tokens offloaded, a non-EAGLE sliding-window group
+    whose alignment segment is whole blocks, and a request that finishes with that group's
+    storable chunks past its prompt's (off its prompt horizon).  Under sparse or periodic
+    retention, for an EAGLE group (no tail) or a request finishing on its prompt horizon
+    nothing is reconsidered, whatever those rules say."""
+    config = trace.config
+    prompt_only = bool(dict(config.extra_config).get("offload_prompt_only", True))
+    if config.prefix_cache_retention_interval is not None or prompt_only:
         return False
+    chunking = chunking_of(config)
+    alignment = chunking.alignment_tokens
+    tails = [gc.tokens_per_chunk for gc in chunking.groups
+             if gc.group.kind is GroupKind.SLIDING_WINDOW and not gc.group.is_eagle
+             and alignment is not None and alignment % gc.group.tokens_per_block == 0]
     for m in trace.of_type(T.BuildMeta):
-        done = {s.req_id for s in m.scheduled if not s.scheduled and s.num_tokens > s.num_prompt_tokens + 1}
-        if any(s.job.req_id in done for s in m.store_jobs):
-            return True
+        for s in m.scheduled:
+            if s.scheduled:
+                continue  # only a finished request (in finished_req_ids alone) reconsiders
+            computed = min(s.num_computed_tokens, max(s.num_prompt_tokens, s.num_tokens - 1))
+            if any(computed // tpc != s.num_prompt_tokens // tpc for tpc in tails):
+                return True
     return False
 
 
@@ -211,6 +223,9 @@ def _junction(trace: T.Trace) -> bool:
 
 Situation = tuple[str, Callable[[T.Trace], bool]]
 
+_RECONSIDERED = ("dense retention, decode tokens offloaded, a request finishing off its prompt "
+                 "horizon, a non-EAGLE sliding-window group")
+
 SITUATIONS: dict[str, Situation] = {
     "window": ("a load reads a windowed group's chunks", _windowed_load),
     "window before a boundary": ("a store writes a sliding-window group's blocks", _store_in_sw),
@@ -220,13 +235,12 @@ SITUATIONS: dict[str, Situation] = {
     "offloadable": ("a store for a request decoding past its prompt", _decode_store),
     "storable count": ("any store job", lambda t: any(True for _ in _stores(t))),
     "store horizon": ("dense retention, a sliding-window store", _dense_sw_store),
-    "re-offer": ("dense retention, a sliding-window store in the step a request that "
-                 "decoded finished", _reoffer),
-    "final tail": ("sparse or periodic retention, a sliding-window store", _sparse_sw_store),
+    "re-offer": (_RECONSIDERED, _reconsidered),
+    "final tail": (_RECONSIDERED, _reconsidered),
     "reachability": ("a store writes a sliding-window group's blocks", _store_in_sw),
     "acceptance": ("a stored sliding-window chunk with a null block", _null_in_sw_store),
     "storable chunks": ("any store job", lambda t: any(True for _ in _stores(t))),
-    "offered before": ("dense retention, a sliding-window store", _dense_sw_store),
+    "offered before": (_RECONSIDERED, _reconsidered),
     "last token": ("a hit with a windowed group", lambda t: _has_windowed(t) and bool(_hits(t))),
     "needed chunks": ("a hit", lambda t: bool(_hits(t))),
     "loaded chunks": ("a load job", lambda t: any(True for _ in _loads(t))),

@@ -39,6 +39,7 @@ def _driver(spec: CorpusSpec) -> Any:
         prefix_cache_retention_interval=spec.retention,
         num_gpu_blocks=spec.num_gpu_blocks,
         num_cpu_chunks=spec.num_cpu_chunks,
+        kv_load_failure_policy=spec.kv_load_failure_policy,
     )
 
 

@@ -24,7 +24,8 @@ from conformance.meta.mutants import MUTANTS
 from conformance.protocol import trace as T
 from conformance.protocol.replay import Answer, first_divergence, replay
 
-pytestmark = pytest.mark.meta
+pytestmark = [pytest.mark.meta, pytest.mark.xdist_group("meta")]
+"""One worker runs the lane under ``-n``: the score reads the mutants' outcomes it cached."""
 
 CASE = PlanCase("fa64+sw128@16", "blocks_per_chunk=2", "full_swa_kv_cache_config",
                 (64, 16, 128), (("blocks_per_chunk", 2),), 0)

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 
 from conformance.checks import plan as P
+from conformance.corpus.cases import window_gap_workload
 from conformance.harness import cases
 from conformance.harness.strategies import SLOW_EXAMPLE_CHECKS
 from conformance.harness.workloads import PlanCase, driver_for, workloads
@@ -183,7 +184,7 @@ def edge_workloads() -> tuple[T.WorkloadSpec, ...]:
     decodes 20 tokens (an EAGLE group's volatile tail chunk).  A repeat of a longer
     prompt loads on 0.34.0 (0.33.0 subtracts the last token after the caps: on
     ``fa64+sw33@16`` it loads nothing, an open problem).  Then
-    :func:`_window_gap_workload` (windows with one chunk missing) and
+    :func:`conformance.corpus.cases.window_gap_workload` (windows with one chunk missing) and
     :func:`_abort_while_loading_workload` (a store offered with no blocks).
     """
     base = tuple((7 * i) % 30 for i in range(600))
@@ -209,31 +210,7 @@ def edge_workloads() -> tuple[T.WorkloadSpec, ...]:
             resets=(T.ResetSpec(step=30), T.ResetSpec(step=35)),
         )
         for n, budget in ((256, 64), (257, 96), (256, 512), (256, 32))
-    ), decode, _window_gap_workload(base), _abort_while_loading_workload(base))
-
-
-def _window_gap_workload(base: tuple[int, ...]) -> T.WorkloadSpec:
-    """Window chunks stored without the chunk before them; two repeats whose hit needs it.
-
-    ``x`` shares ``base`` up to token 240 and stores (retention 0) the window chunks
-    before its boundary 256: ``[192, 224)`` under ``base``'s key, ``[224, 256)`` under
-    its own.  ``y`` stores every full chunk of ``base[:512]`` and the window before 512.
-    After a GPU reset, ``r`` (hit end 256) finds ``[192, 224)`` alone: ``fa64+sw32+mtp2``'s
-    window is 2 chunks (31 + 2 tokens), so the chunk alone must not hit.  ``r4``'s hit
-    ends at 511, one token short of a chunk: ``fa64+sw32+mtp1``'s window (31 + 1 tokens
-    before token 511) starts in chunk ``[448, 480)``, which no request stored.
-    """
-    junk = tuple(range(100, 160))
-    return T.WorkloadSpec(
-        requests=(
-            T.RequestSpec("x", base[:240] + junk, 2, 0),
-            T.RequestSpec("y", base[:560], 2, 3),
-            T.RequestSpec("r", base[:257], 2, 8),
-            T.RequestSpec("r4", base[:512], 2, 13),
-        ),
-        max_num_batched_tokens=512,
-        resets=(T.ResetSpec(step=7), T.ResetSpec(step=12)),
-    )
+    ), decode, window_gap_workload(base), _abort_while_loading_workload(base))
 
 
 def _abort_while_loading_workload(base: tuple[int, ...]) -> T.WorkloadSpec:

@@ -43,10 +43,7 @@ A disagreement is a finding: a deviation with its smallest case in
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import os
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,27 +56,14 @@ from conformance.harness import tiered as T  # noqa: E402
 from conformance.harness import vllm_harness_api as V  # noqa: E402
 from conformance.harness.cases import DSV4, GEMMA  # noqa: E402
 from conformance.harness.fixture_runs import FixtureCase  # noqa: E402
+from conformance.harness.heavy_lock import one_heavy_lane_per_machine  # noqa: E402,F401 (autouse)
 from conformance.protocol import deviations  # noqa: E402
 from conformance.protocol.versions import RELEASES, rules_for  # noqa: E402
 from reference.economics import serve  # noqa: E402
 from reference.layout_economics import PACKED, layout_economics  # noqa: E402
 from reference.workload import GpuCache, Span, Workload, WorkloadRequest, requests  # noqa: E402
 
-pytestmark = pytest.mark.data
-
-HEAVY_LANE_LOCK = Path(tempfile.gettempdir()) / "kvchunk-heavy-lane.lock"
-"""Held while this lane runs: CI runs the releases' chains side by side (``.ci/run``), and
-this is the suite's memory-heavy lane (real-model KV caches), so one runs it at a time."""
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_heavy_lane_per_machine() -> Iterator[None]:
-    with HEAVY_LANE_LOCK.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+pytestmark = [pytest.mark.data, pytest.mark.xdist_group("heavy")]
 
 OUTPUT_TOKENS = 2
 """Outputs are not stored (prompt-only storing, vLLM's default): two tokens suffice."""

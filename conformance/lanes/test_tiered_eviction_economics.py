@@ -58,11 +58,8 @@ A disagreement is a finding: a deviation (backend ``kvchunk``, lane ``data``,
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import os
-import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,26 +72,12 @@ from conformance.harness import eviction_econ as X  # noqa: E402
 from conformance.harness import tiered as T  # noqa: E402
 from conformance.harness import vllm_harness_api as V  # noqa: E402
 from conformance.harness.cases import DSV4, GEMMA  # noqa: E402
+from conformance.harness.heavy_lock import one_heavy_lane_per_machine  # noqa: E402,F401 (autouse)
 from conformance.protocol import deviations  # noqa: E402
 from conformance.protocol.versions import rules_for  # noqa: E402
 from reference.workload import Span, Workload, WorkloadRequest, requests  # noqa: E402
 
-pytestmark = pytest.mark.data
-
-HEAVY_LANE_LOCK = Path(tempfile.gettempdir()) / "kvchunk-heavy-lane.lock"
-"""The economics lane's lock (``test_tiered_economics.HEAVY_LANE_LOCK``), held while this
-lane runs: it too holds real-model KV caches and a CPU tier of every chunk of a pass,
-and CI runs the releases' chains side by side, so one heavy lane runs at a time."""
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_heavy_lane_per_machine() -> Iterator[None]:
-    with HEAVY_LANE_LOCK.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+pytestmark = [pytest.mark.data, pytest.mark.xdist_group("heavy")]
 
 
 OUTPUT_TOKENS = 2

@@ -149,6 +149,10 @@ class RequestSpec:
     max_tokens: int = 1
     arrival_step: int = 0
     kv_transfer_params: Params | None = None
+    skip_reading_prefix_cache: bool = False
+    """``SamplingParams.skip_reading_prefix_cache``: the request reads no cached prefix,
+    neither the GPU prefix cache nor the connector's (its lookups answer 0); it still
+    stores what it computes."""
 
     def __post_init__(self) -> None:
         if not self.prompt:

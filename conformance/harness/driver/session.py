@@ -179,6 +179,7 @@ class DriverSession:
         params = V.SamplingParams(
             max_tokens=spec.max_tokens,
             ignore_eos=True,
+            skip_reading_prefix_cache=spec.skip_reading_prefix_cache or None,  # None: the default
             extra_args=None if kv_params is None else {"kv_transfer_params": kv_params},
         )
         request = V.Request(
