@@ -86,7 +86,8 @@ class ConformanceReport:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         props = dict(report.user_properties)
-        waited = float(props.get("lock_wait_s", 0.0)) if report.when == "setup" else 0.0
+        wait = props.get("lock_wait_s") if report.when == "setup" else None
+        waited = float(wait) if isinstance(wait, (int, float)) else 0.0
         self.case_seconds[report.nodeid] += report.duration - waited
         self.lock_wait_s += waited
         if report.when == "call":
