@@ -26,6 +26,7 @@ examples B1-B6 and the damaged journals of issue #29 are plain tests below it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import hashlib
 import json
@@ -33,6 +34,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,7 @@ from reference.geometry import Geometry, GroupKind, KVGroup
 from reference.keys import group_keys, prefix_block_hashes
 from reference.knobs import BlocksPerChunk, Chunking, resolve
 from vllm_adapter.disk import journal as J
+from vllm_adapter.disk.journal import LEASE_SECONDS
 from vllm_adapter.disk.ledger import LEDGER_FILE, BudgetMismatch, LedgerIO, RootLedger
 from vllm_adapter.disk.tier_budget import StoreRefused, TierBudget, store_files
 
@@ -62,10 +65,16 @@ KEY_BYTES = 4096
 RESERVE = 128 << 10
 FILES_BUDGET = 4 * 2 * KEY_BYTES
 BUDGET = FILES_BUDGET + RESERVE
+IN_LOCK = ("mid-append", "after-unlink-before-rm")
+"""Crash points inside the root's lock."""
+HOSTS = {"e1": "remotehost01"}
+"""Engines of the machine on another host (:class:`FaultyIO`): e0 and e2 share this kernel."""
 CRASH_POINTS = ("after-add", "mid-write", "after-rename", "after-unlink-before-rm",
                 "mid-append", "short-write", "append-enospc")
 REACHED: collections.Counter[str] = collections.Counter()
 """Crash points the machine reached, over the whole test session."""
+COUNTERS: list[Any] = []
+"""Every engine's budget counters, in creation order (a test sums a run's)."""
 
 
 def _chunking() -> Chunking:
@@ -77,15 +86,51 @@ def _chunking() -> Chunking:
 CHUNKING = _chunking()
 
 
+@dataclass(frozen=True)
+class Setup:
+    """What the machine's engines share: the chunking their tiers judge prefixes with and
+    the root's budget (``files_budget`` plus the ledger's ``reserve``)."""
+
+    name: str
+    chunking: Chunking
+    files_budget: int
+    reserve: int = RESERVE
+
+    @property
+    def budget(self) -> int:
+        return self.files_budget + self.reserve
+
+    @property
+    def span(self) -> int:
+        """Tokens per store: the alignment span (a boundary every ``span`` tokens)."""
+        return self.chunking.alignment_tokens or max(
+            gc.tokens_per_chunk for gc in self.chunking.groups)
+
+    def prompt_chunks(self, prompt: int, chunks: int = 3) -> tuple[list[list[bytes]], dict[bytes, int]]:
+        """Prompt ``prompt``'s stores (each the keys of every group whose chunk ends in one
+        span, group by group) and each key's end token; prompts share their first span
+        when ``prompt`` is even (a common prefix)."""
+        a = self.span
+        head = list(range(a)) if prompt % 2 == 0 else [10_000 + prompt] * a
+        tokens = head + [1000 * (prompt + 1) + i for i in range(a * (chunks - 1))]
+        chain = prefix_block_hashes(tokens, self.chunking.tokens_per_hash)
+        files: list[list[bytes]] = [[] for _ in range(chunks)]
+        positions: dict[bytes, int] = {}
+        for gc in self.chunking.groups:
+            for i, k in enumerate(group_keys(chain, gc)):
+                end = gc.tokens_per_chunk * (i + 1)
+                positions[k] = end
+                files[(end - 1) // a].append(k)
+        return files, positions
+
+
+SYNTHETIC = Setup("synthetic", CHUNKING, FILES_BUDGET)
+"""A full-attention group and a 24-token window, 32-token chunks: files of two keys."""
+
+
 def _prompt_chunks(prompt: int, chunks: int = 3) -> tuple[list[list[bytes]], dict[bytes, int]]:
-    """Prompt ``prompt``'s chunks (each its full-attention and window key) and end tokens;
-    prompts share their first chunk when ``prompt`` is even (a common prefix)."""
-    head = list(range(32)) if prompt % 2 == 0 else [10_000 + prompt] * 32
-    tokens = head + [1000 * (prompt + 1) + i for i in range(32 * (chunks - 1))]
-    chain = prefix_block_hashes(tokens, CHUNKING.tokens_per_hash)
-    full, window = (group_keys(chain, gc) for gc in CHUNKING.groups)
-    positions = {k: 32 * (i + 1) for keys in (full, window) for i, k in enumerate(keys)}
-    return [[f, w] for f, w in zip(full, window, strict=True)], positions
+    """:data:`SYNTHETIC`'s stores of prompt ``prompt`` (each its full-attention and window key)."""
+    return SYNTHETIC.prompt_chunks(prompt, chunks)
 
 
 class Crash(BaseException):
@@ -93,10 +138,20 @@ class Crash(BaseException):
 
 
 class FaultyIO(LedgerIO):
-    """The ledger's I/O with one armed fault (the machine arms it for one operation)."""
+    """The ledger's I/O with one armed fault (the machine arms it for one operation).
+    ``host``: the engine runs on another host of the shared volume (its own kernel id,
+    and a ``flock`` that excludes nothing, as Lustre's ``localflock`` seen across hosts)."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str | None = None) -> None:
         self.armed: str | None = None
+        self.host = host
+
+    def kernel_id(self) -> str:
+        return super().kernel_id() if self.host is None else self.host
+
+    def flock(self, fd: int, how: int, where: str) -> None:
+        if self.host is None:
+            super().flock(fd, how, where)
 
     def write(self, fd: int, data: bytes) -> int:
         if self.armed == "mid-append":
@@ -123,13 +178,17 @@ class FaultyIO(LedgerIO):
 class Engine:
     """One engine on the root: its ledger, its view as a tier, its I/O."""
 
-    def __init__(self, root: Path, name: str, budget: int = BUDGET, adopt: bool = False):
+    def __init__(self, root: Path, name: str, budget: int | None = None, adopt: bool = False,
+                 host: str | None = None, lease_s: float = LEASE_SECONDS,
+                 setup: Setup = SYNTHETIC):
         self.root, self.name = root, name
-        self.io = FaultyIO()
-        self.ledger = RootLedger(str(root), budget, EvictionRule.REACHABLE, reserve=RESERVE,
-                                 adopt_budget=adopt, io=self.io)
+        budget = setup.budget if budget is None else budget
+        self.io = FaultyIO(host)
+        self.ledger = RootLedger(str(root), budget, EvictionRule.REACHABLE, reserve=setup.reserve,
+                                 adopt_budget=adopt, io=self.io, lease_s=lease_s)
         self.tier = TierBudget(str(root), str(root / NS), budget, EvictionRule.REACHABLE,
-                               CHUNKING, ledger=self.ledger)
+                               setup.chunking, ledger=self.ledger)
+        COUNTERS.append(self.ledger.counters)
         self.alive = True
         self.reads: dict[str, str] = {}
         """Path -> rid of a file a load found bad and deleted (forgotten later)."""
@@ -138,8 +197,17 @@ class Engine:
         return self.ledger.start(NS, [str(p.relative_to(self.root)) for p in _data_files(self.root)])
 
     def crash(self) -> None:
+        """The engine dies, and the driver's clock moves past its lease: an engine on another
+        kernel judges it by its heartbeat's age (one on this kernel, by its free ``flock``)."""
         self.alive = False
         self.ledger.lease.release()
+        age_lease(self.ledger)
+
+
+def age_lease(ledger: RootLedger) -> None:
+    """Time passes for ``ledger``'s lease: its last heartbeat is older than the lease."""
+    old = os.stat(ledger.lease.path).st_mtime - 2 * ledger.lease.lease_s
+    os.utime(ledger.lease.path, (old, old))
 
 
 def _name_of(keys: Sequence[bytes]) -> str:
@@ -180,7 +248,10 @@ def root_bytes(root: Path) -> int:
 
 
 class LedgerMachine(RuleBasedStateMachine):
-    """Engines on one root (see the module docstring)."""
+    """Engines on one root (see the module docstring); ``setup``: their geometry and budget
+    (``tests/test_ledger_real_geometries.py`` runs the machine on gemma-4 and DeepSeek-V4)."""
+
+    setup: Setup = SYNTHETIC
 
     def __init__(self) -> None:
         super().__init__()
@@ -192,7 +263,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @initialize()
     def two_engines(self) -> None:
         for i in range(2):
-            e = Engine(self.root, f"e{i}")
+            e = Engine(self.root, f"e{i}", host=HOSTS.get(f"e{i}"), setup=self.setup)
             e.start()
             self.engines.append(e)
 
@@ -215,7 +286,10 @@ class LedgerMachine(RuleBasedStateMachine):
         store; the journal's injected ENOSPC; the injected non-``OSError``)."""
         try:
             return op()
-        except Crash:
+        except Crash as crash:
+            if str(crash) in IN_LOCK:  # a real death leaves the root's held lock behind
+                with contextlib.suppress(FileExistsError):
+                    os.symlink(e.ledger.lease.target, self.root / J.HELD)
             e.crash()
             self.owners_dead.add(e.ledger.owner)
         except Exception as exc:
@@ -236,7 +310,7 @@ class LedgerMachine(RuleBasedStateMachine):
         e = self._pick(i)
         if e is None:
             return
-        chunks, positions = _prompt_chunks(prompt)
+        chunks, positions = self.setup.prompt_chunks(prompt)
         files = chunks[:upto]
         write: Any = _write_whole
         written: Any = None
@@ -319,24 +393,26 @@ class LedgerMachine(RuleBasedStateMachine):
         if e.alive:
             e.ledger.close()
             e.alive = False
-        new = Engine(self.root, e.name)
+        new = Engine(self.root, e.name, host=HOSTS.get(e.name), setup=self.setup)
         new.start()
         self.engines[self.engines.index(e)] = new
 
     @precondition(lambda self: len(self.engines) < 3 and any(e.alive for e in self.engines))
-    @rule(adopt=st.booleans(), other=st.sampled_from([BUDGET // 2, BUDGET * 2]))
-    def third_engine_with_another_budget(self, adopt: bool, other: int) -> None:
+    @rule(adopt=st.booleans(), factor=st.sampled_from([0.5, 2.0]))
+    def third_engine_with_another_budget(self, adopt: bool, factor: float) -> None:
         """Refused (a ``ValueError`` naming both values and the root) while another engine
         runs on the recorded budget; with ``adopt``, it takes the recorded one.  (With no
         engine alive, a new budget replaces the recorded one: an operator's restart.)"""
+        budget = self.setup.budget
+        other = int(budget * factor)
         if not adopt:
             with pytest.raises(BudgetMismatch) as err:
-                Engine(self.root, "e2", budget=other)
-            assert str(other) in str(err.value) and str(BUDGET) in str(err.value)
+                Engine(self.root, "e2", budget=other, setup=self.setup)
+            assert str(other) in str(err.value) and str(budget) in str(err.value)
             assert str(self.root) in str(err.value)
             return
-        e = Engine(self.root, "e2", budget=other, adopt=True)
-        assert e.ledger.budget == BUDGET
+        e = Engine(self.root, "e2", budget=other, adopt=True, setup=self.setup)
+        assert e.ledger.budget == budget
         e.start()
         self.engines.append(e)
 
@@ -369,7 +445,7 @@ class LedgerMachine(RuleBasedStateMachine):
         else:
             data += b'{"op":"add","rid":"y.1","ns'
         path.write_bytes(data)
-        e = Engine(self.root, "e0")
+        e = Engine(self.root, "e0", setup=self.setup)
         e.start()
         self.engines = [e]
 
@@ -383,7 +459,8 @@ class LedgerMachine(RuleBasedStateMachine):
         for e in live + live:  # twice: a reclaim by one is replayed by the others
             e.ledger.sync()
         total = root_bytes(self.root)
-        assert total <= BUDGET, f"{total} bytes under the root > budget {BUDGET}"
+        budget = self.setup.budget
+        assert total <= budget, f"{total} bytes under the root > budget {budget}"
         fresh = RootLedger.replayed(str(self.root))
         model = fresh.model()
         for e in live:
@@ -401,6 +478,10 @@ class LedgerMachine(RuleBasedStateMachine):
             for k in keys:
                 assert k not in seen, f"key in two files: {seen[k]} and {path}"
                 seen[k] = path
+        held = self.root / J.HELD
+        if held.is_symlink():  # between steps no engine holds the lock: a dead one's is left
+            holder = os.path.basename(os.readlink(held))[: -len(".lease")]
+            assert holder in self.owners_dead, f"the root's lock is held by live {holder} between steps"
         owners = fresh.owners()
         dead = {p: o for p, o in owners.items() if o in self.owners_dead}
         assert not dead, f"reservations of dead engines survived a lock acquisition: {dead}"
@@ -523,7 +604,8 @@ def test_b3_a_dead_owner_is_reclaimed_at_the_next_acquisition_by_anyone(tmp_path
     start needed), judged by its lease: a pid reused by another process changes nothing."""
     a, b = _engine(tmp_path, name="a"), _engine(tmp_path, name="b")
     (p,) = _store(a, 1, write=_write_half_then_crash_quiet)
-    a.crash()
+    a.alive = False
+    a.ledger.lease.release()  # no time passes: on one kernel its free flock says it at once
     b.ledger.touch([])  # any locked operation
     b.ledger.sync()
     assert os.path.relpath(p, tmp_path) not in b.ledger.files()

@@ -1,7 +1,8 @@
 """Engines on two "hosts" share one root: separate UTS and PID namespaces (``unshare -u -p
 -f``), other host names, the same pid (each is pid 1 of its namespace).
 
-Liveness is the owner's lease (a held ``flock``), never ``[host, pid]``: engine B on host
+Liveness is the owner's lease (a held ``flock`` on one kernel, else its heartbeat), never
+``[host, pid]``: engine B on host
 ``kv-b`` leaves engine A's pending reservation alone while A lives, though A's pid (1) is
 B's own and A's host is not B's; once A is SIGKILLed, the next engine's first lock
 acquisition reclaims it.  Each reads the other's files; the root stays within its budget.
@@ -17,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +32,13 @@ import json, os, socket, sys, time
 sys.path[:0] = [{repo!r}, {repo!r} + "/tests"]
 from pathlib import Path
 from test_ledger_state_machine import Engine, KEY_BYTES, _name_of, _prompt_chunks, _write_whole
-root, mode = Path({root!r}), {mode!r}
-e = Engine(root, mode)
+root, mode, flock = Path({root!r}), {mode!r}, {flock!r}
+if flock == "none":  # a file system without flock: the held lock and heartbeats alone
+    import errno, fcntl
+    def no_flock(fd, how):
+        raise OSError(errno.ENOLCK, "No locks available")
+    fcntl.flock = no_flock
+e = Engine(root, mode, lease_s={lease_s!r})
 e.start()
 def store(prompt, write=_write_whole):
     chunks, positions = _prompt_chunks(prompt)
@@ -40,7 +47,8 @@ def store(prompt, write=_write_whole):
     for path, keys in out or []:
         write(path, keys)
     return [p for p, _ in out or []]
-report = {{"pid": os.getpid(), "host": socket.gethostname(), "owner": e.ledger.owner}}
+report = {{"pid": os.getpid(), "host": socket.gethostname(), "owner": e.ledger.owner,
+          "flock_works": e.ledger.lease.flock_works}}
 if mode == "a":
     paths = store(1)
     e.tier.complete([(p, True) for p in paths])
@@ -76,8 +84,15 @@ def _unshare_available() -> str | None:
     return None
 
 
-def _host(root: Path, host: str, mode: str, prompt: int = 5) -> subprocess.Popen[str]:
-    code = ACTOR.format(repo=REPO, root=str(root), mode=mode, prompt=prompt)
+LEASE_S = 1.0
+"""The engines' lease here: a killed engine is silent for this long before a peer on a file
+system without ``flock`` reclaims it."""
+
+
+def _host(root: Path, host: str, mode: str, prompt: int = 5,
+          flock: str = "flock") -> subprocess.Popen[str]:
+    code = ACTOR.format(repo=REPO, root=str(root), mode=mode, prompt=prompt, flock=flock,
+                        lease_s=LEASE_S)
     return subprocess.Popen(
         ["unshare", "-u", "-p", "-f", "sh", "-c", f'hostname {host} && exec "$0" -c "$1"',
          sys.executable, code],
@@ -98,20 +113,25 @@ def _report(proc: subprocess.Popen[str], timeout: float = 120) -> dict[str, Any]
     return report
 
 
-def test_two_hosts_with_colliding_pids_share_one_root(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flock", ["flock", "none"])
+def test_two_hosts_with_colliding_pids_share_one_root(tmp_path: Path, flock: str) -> None:
+    """``none``: the file system has no ``flock`` (``ENOLCK``); liveness is the heartbeat,
+    and the killed engine is reclaimed once its lease has been silent for ``LEASE_S``."""
     why = _unshare_available()
     if why is not None:
         pytest.skip(why)
     root = tmp_path / "shared-volume"
     root.mkdir()
-    a = _host(root, "kv-a", "a")
+    a = _host(root, "kv-a", "a", flock=flock)
     try:
         ra = _report(a)
-        b = _host(root, "kv-b", "b", prompt=5)
+        time.sleep(2 * LEASE_S if flock == "none" else 0)  # A's heartbeat keeps it alive
+        b = _host(root, "kv-b", "b", prompt=5, flock=flock)
         rb = _report(b)
         assert b.wait(60) == 0
         assert ra["pid"] == rb["pid"] == 1, (ra, rb)
         assert (ra["host"], rb["host"]) == ("kv-a", "kv-b")
+        assert ra["flock_works"] is rb["flock_works"] is (flock == "flock"), (ra, rb)
         pending = os.path.relpath(ra["pending"][0], root)
         assert rb["seen"].get(pending) is False and rb["reclaimed"] == 0, (
             f"B reclaimed live A's reservation (same pid, other host): {rb}")
@@ -121,7 +141,9 @@ def test_two_hosts_with_colliding_pids_share_one_root(tmp_path: Path) -> None:
     finally:
         os.killpg(a.pid, signal.SIGKILL)
         a.wait(60)
-    c = _host(root, "kv-c", "b", prompt=7)
+    if flock == "none":
+        time.sleep(LEASE_S + 0.5)  # A's lease falls silent
+    c = _host(root, "kv-c", "b", prompt=7, flock=flock)
     rc = _report(c)
     assert c.wait(60) == 0
     assert rc["pid"] == 1 and rc["reclaimed"] >= 1, rc

@@ -19,12 +19,14 @@ from reference.plan import Policy
 from reference.workload import preset
 from vllm_adapter import metadata_model as M
 
-# Per event, by kind: (created, opened, renamed, unlinked, makedirs, lookups, flock+release,
+# Per event, by kind: (created, opened, renamed, unlinked, makedirs, lookups, root lock,
 # ledger appends).
 VLLM_STORE = (1, 0, 1, 0, 1, 1, 0, 0)  # access(dest); create_directories' stat; create; rename
 VLLM_LOAD = (0, 1, 0, 0, 0, 1, 0, 0)  # the access that found it; open
 VLLM_MISS = (0, 0, 0, 0, 0, 1, 0, 0)  # per request and group: the access after the hit
-TRANSACTION = (0, 3, 0, 0, 0, 1, 2, 1)  # open lock, flock, stat journal, open x2, append, release
+# open lock, flock, symlink held, open journal (replay; fstat), open journal, write, readlink
+# held, unlink held, release
+TRANSACTION = (0, 3, 0, 0, 0, 0, 5, 1)
 PACKED_STORE = tuple(
     a + 2 * t
     for a, t in zip((1, 0, 1, 1, 3, 1, 0, 0), TRANSACTION, strict=True)
@@ -39,13 +41,13 @@ def test_the_per_event_tables_are_the_syscalls() -> None:
                       (M.PACKED_STORE, PACKED_STORE), (M.PACKED_LOAD, PACKED_LOAD),
                       (M.PACKED_LOAD_JOB, PACKED_JOB)):
         assert tuple(getattr(ops, k) for k in M.OP_KINDS) == want
-    assert (M.PER_CHUNK_STORE.total, M.LEDGER_TRANSACTION.total, M.PACKED_STORE.total) == (4, 7, 21)
-    assert M.FOLLOWER_REPLAY.total == 5 and M.FOLLOWER_POLLS_PER_S == 50
+    assert (M.PER_CHUNK_STORE.total, M.LEDGER_TRANSACTION.total, M.PACKED_STORE.total) == (4, 9, 25)
+    assert M.FOLLOWER_REPLAY.total == 7 and M.FOLLOWER_POLLS_PER_S == 50
 
 
 def each_engine(n: int, own: float, fixed: float, peer_files: float, peer_appends: float) -> float:
     replays = min(50.0, (n - 1) * peer_appends) if fixed else 0.0
-    return own + fixed + (n - 1) * peer_files + 5 * replays
+    return own + fixed + (n - 1) * peer_files + 7 * replays
 
 
 def most_engines(capacity: float, own: float, fixed: float = 0.0, peer_files: float = 0.0,
@@ -104,7 +106,8 @@ def test_both_layouts_are_the_reference_counts_times_the_per_event_costs() -> No
         assert got == pytest.approx(want)
         assert row.ops_per_million == pytest.approx(sum(want))
     assert per_chunk.unlinked_per_million == 0 and per_chunk.ledger_locks_per_million == 0
-    assert packed.ops_per_million < per_chunk.ops_per_million
+    # No ordering here: this geometry's packed files are only 2.2x fewer than its chunk files,
+    # and each costs two ledger transactions (test_cli.py holds the order on both real models)
     own_chunk = sum(want_chunk) * tokens / 1e6
     assert per_chunk.ops_per_second == pytest.approx(own_chunk)
     assert per_chunk.engines == math.floor(capacity / own_chunk)

@@ -32,18 +32,19 @@ kvchunk's ledger (``reserve`` / write / ``complete``):
 * nothing is ever unlinked (vLLM's fs tier never deletes: vllm#52784, vllm#54327).
 
 ``packed`` -- kvchunk's disk tier (``vllm_adapter.disk``), which needs a byte budget and
-shares it through a journal under an ``flock`` (:mod:`vllm_adapter.disk.ledger`):
+shares it through a journal under the root's lock (:mod:`vllm_adapter.disk.ledger`):
 
 * a ledger transaction (:data:`LEDGER_TRANSACTION`, a store's ``reserve`` and its
-  ``complete``): ``open`` the lock file, ``flock``, ``stat`` the journal, ``open`` it to
-  replay the records other engines appended, ``open`` it ``O_APPEND``, the append (a
-  shared file's size and write capability move between clients: counted as one
-  operation), and the ``flock``'s release at ``close``: 7;
+  ``complete``): ``open`` the lock file, ``flock``, ``symlink`` the held lock, ``open`` the
+  journal to replay the records other engines appended (its size from ``fstat``), ``open``
+  it to write, the write (a shared file's size and write capability move between clients:
+  counted as one operation), ``readlink`` and ``unlink`` the held lock, and the ``flock``'s
+  release at ``close``: 9;
 * a file stored (:data:`PACKED_STORE`, one per store job with new keys): two ledger
   transactions, the write's ledger poll (a ``stat``), ``os.makedirs(exist_ok=True)`` of its
   ``packed/<2 hex>`` directory (``stat``, ``mkdir`` failing ``EEXIST``, ``stat``: 3), a create,
   a rename, and one unlink (a full budget in steady state evicts about a file per file
-  written; the eviction's record rides on the reserve's append): 21;
+  written; the eviction's record rides on the reserve's append): 25;
 * a file opened by a load (:data:`PACKED_LOAD`): its ``open`` (lookups answer from the
   in-memory index: none);
 * a load job (:data:`PACKED_LOAD_JOB`): its ``use`` records, appended at the engine's next
@@ -51,7 +52,8 @@ shares it through a journal under an ``flock`` (:mod:`vllm_adapter.disk.ledger`)
 * per engine, whatever its traffic (:data:`FOLLOWER_POLLS_PER_S`): the ledger follower
   ``stat``s the journal every ``tier_budget.POLL_SECONDS``, and when other engines
   appended since (at most once per poll) replays it under the lock
-  (:data:`FOLLOWER_REPLAY`: ``open`` lock, ``flock``, ``stat``, ``open`` journal, release: 5);
+  (:data:`FOLLOWER_REPLAY`: ``open`` lock, ``flock``, ``symlink``, ``open`` journal,
+  ``readlink``, ``unlink``, release: 7);
 * per engine and peer: the follower ``open``s each packed file another engine writes, to
   read its header.
 
@@ -120,7 +122,8 @@ class Ops:
     lookups: float = 0
     """``access`` / ``stat`` of a path outside ``makedirs``."""
     ledger_locks: float = 0
-    """``flock`` and its release."""
+    """The root's lock: ``flock``, the held symlink's ``symlink``, ``readlink`` and
+    ``unlink``, and the ``flock``'s release."""
     ledger_appends: float = 0
 
     @property
@@ -137,14 +140,14 @@ class Ops:
 PER_CHUNK_STORE = Ops(created=1, renamed=1, makedirs=1, lookups=1)
 PER_CHUNK_LOAD = Ops(opened=1, lookups=1)
 PER_CHUNK_MISS_PROBE = Ops(lookups=1)
-LEDGER_TRANSACTION = Ops(opened=3, lookups=1, ledger_locks=2, ledger_appends=1)
+LEDGER_TRANSACTION = Ops(opened=3, ledger_locks=5, ledger_appends=1)
 PACKED_STORE = (Ops(created=1, renamed=1, makedirs=3, lookups=1, unlinked=1)
                 + LEDGER_TRANSACTION.times(2))
 PACKED_LOAD = Ops(opened=1)
 PACKED_LOAD_JOB = Ops(opened=1, ledger_appends=1)
 FOLLOWER_POLLS_PER_S = round(1 / POLL_SECONDS)
 """The ledger follower's polls per second (``1 / tier_budget.POLL_SECONDS``)."""
-FOLLOWER_REPLAY = Ops(opened=2, lookups=1, ledger_locks=2)
+FOLLOWER_REPLAY = Ops(opened=2, ledger_locks=5)
 """A follower poll that finds the journal grown: a replay under the lock (beyond its stat)."""
 _PACKED_APPENDS_PER_STORE = 2
 """Journal appends per packed file written (``add`` at reserve, ``done`` at complete)."""

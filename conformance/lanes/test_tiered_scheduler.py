@@ -1,7 +1,9 @@
 """Faults lane, tiered, packed layout: another engine holding the root's lock never stalls a step.
 
-kvchunk's file tier shares one ledger per root under a cross-process ``flock``
-(``<root>/kvchunk-ledger.lock``, :mod:`vllm_adapter.disk.ledger`); another engine holds it
+kvchunk's file tier shares one ledger per root under the root's lock, whose first part is a
+cross-process ``flock`` of ``<root>/kvchunk-ledger.lock`` (:mod:`vllm_adapter.disk.ledger`;
+the holder here takes that ``flock``, which every engine of this kernel waits for); another
+engine holds it
 for as long as its reservation or eviction takes.  vLLM's scheduler thread calls the
 tier's ``lookup`` (and ``get_stats``) every step, so nothing there may wait for that lock:
 a packed tier's lookups answer from its in-memory index, and its ``kvchunk-fs-follow``

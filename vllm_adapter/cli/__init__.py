@@ -83,7 +83,7 @@ What it does:
    system's metadata service is one rate shared by every engine: per layout (vLLM's
    per-chunk fs tier, kvchunk's packed tier with its ledger), the metadata operations per
    million prompt tokens (files created, opened, renamed, unlinked, ``makedirs``, lookups,
-   the ledger's ``flock`` and appends: each event's syscalls times the reference's counts),
+   the ledger's root lock and appends: each event's syscalls times the reference's counts),
    and with ``--prefill-tokens-per-s T`` (one engine's prompt tokens per second; no default:
    it depends on the GPUs, the model and the batch) one engine's operations per second and
    how many engines ``--fs-metadata-ops N`` serves (default

@@ -431,7 +431,7 @@ def _economics_tables(sizing: Sizing, fmt: TableFormat) -> list[str]:
 
 METADATA_COLUMNS = (
     "layout", "created/1M", "opened/1M", "renamed/1M", "unlinked/1M", "makedirs/1M",
-    "lookups/1M", "flock+release/1M", "ledger appends/1M", "ops/1M", "ops/s (one engine)",
+    "lookups/1M", "root lock/1M", "ledger appends/1M", "ops/1M", "ops/s (one engine)",
     "ops/s each (at the answer)", "engines",
 )
 METADATA_MEANINGS = (
@@ -440,13 +440,14 @@ METADATA_MEANINGS = (
     "directory is new), a create and a rename: 4; a file read (every load) is the access that "
     "found it and its open: 2; one access per request and offloaded group (the miss after "
     "the hit); it never unlinks",
-    "packed: kvchunk's tier: a file stored is two ledger transactions of 7 (open the lock "
-    "file, flock, stat the journal, open it to replay other engines' records, open it "
-    "O_APPEND, append, release), the write's ledger poll (a stat), os.makedirs (stat, mkdir "
-    "EEXIST, stat), a create, a rename and an unlink (a full budget evicts about a file per "
-    "file written): 21; a file opened by a load: 1 (lookups answer from memory); a load job: "
-    "2 (its use records appended); per engine, 50 stats/s (the ledger follower's 20 ms poll); "
-    "per peer, a replay (5) per poll that finds the journal grown (at most 50/s) and an open "
+    "packed: kvchunk's tier: a file stored is two ledger transactions of 9 (open the lock "
+    "file, flock, symlink the held lock, open the journal to replay other engines' records, "
+    "open it to write, write, readlink and unlink the held lock, release), the write's "
+    "ledger poll (a stat), os.makedirs (stat, mkdir EEXIST, stat), a create, a rename and an "
+    "unlink (a full budget evicts about a file per file written): 25; a file opened by a "
+    "load: 1 (lookups answer from memory); a load job: 2 (its use records appended); per "
+    "engine, 50 stats/s (the ledger follower's 20 ms poll); per peer, a replay (7) per poll "
+    "that finds the journal grown (at most 50/s) and an open "
     "of every file the peer writes (its header)",
     "every call counted as one operation at the server (no client metadata cache; a stat "
     "priced as a create, though 10-100x cheaper on the file systems of disk-anchors.md "

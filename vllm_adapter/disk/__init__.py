@@ -29,7 +29,8 @@ module             concern                                                      
                    evict, complete, reclaim dead owners, start, compact
 ``ledger_model``   the model every engine on a root shares, kept equal to the        no
                    journal (replay, apply, append)
-``journal``        the ledger's records and their codec, owners' leases, ``flock``   no
+``journal``        the ledger's records and their codec, owners' leases, the root   no
+                   lock across hosts
 ``counters``       the thread-safe counter base                                      no
 =================  ===============================================================  ==========
 

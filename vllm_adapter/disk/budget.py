@@ -3,10 +3,11 @@
 **How engines share it: a ledger under a lock.**  ``<root_dir>/kvchunk-ledger.jsonl``
 is a journal of what is on the root (:mod:`vllm_adapter.disk.journal`: a file reserved,
 written or failed, read, removed, each record naming its reservation id).  Every change
-is appended under an exclusive ``flock`` of ``<root_dir>/kvchunk-ledger.lock``, and
-every engine replays what the others appended before it decides anything, so all of
-them hold the same model of the root: the same bytes, files, prefix structure and
-recency.  The rejected alternatives: ``statvfs`` sees other tenants' bytes and not which
+is written under the root's lock (an ``flock`` of ``<root_dir>/kvchunk-ledger.lock`` among
+the processes of one kernel, then the symlink ``<root_dir>/kvchunk-ledger.held`` among
+hosts: :class:`~vllm_adapter.disk.journal.RootLock`), and every engine replays what the
+others wrote before it decides anything, so all of them hold the same model of the
+root: the same bytes, files, prefix structure and recency.  The rejected alternatives: ``statvfs`` sees other tenants' bytes and not which
 file to evict; a directory scan per store is slow at 100k files and cannot see recency
 or prefixes; a quota per engine is Mooncake's bug (#2419: every instance under its own
 quota, none ever evicts, the disk fills).
@@ -42,27 +43,36 @@ runs refuses with a ``ValueError`` naming both values and the root, unless
 ``"adopt_recorded_budget": true``; when no engine runs on the root, a new value
 replaces the recorded one (an operator's resize across a restart).
 
-**Crashes and owners.**  Every ledger is an owner with a random id and a lease: an
-exclusive ``flock`` on ``<root_dir>/kvchunk-owners/<id>.lease``, held while it lives
-(:class:`~vllm_adapter.disk.journal.Lease`).  A reservation whose owner's lease is free
-is reclaimed by the next engine that takes the ledger's lock, whoever it is: its file
-and temporary files removed, the files its failure strands too.  No host name and no
-pid is trusted: a restarted container with the same pid, or an engine in another PID or
-UTS namespace, is judged by its lease (``tests/test_ledger_two_hosts.py``).  When a tier
+**Crashes and owners.**  Every ledger is an owner with a random id and a lease,
+``<root_dir>/kvchunk-owners/<id>.lease`` (:class:`~vllm_adapter.disk.journal.Lease`): an
+``flock`` held while it lives, judged by owners of the same kernel, and a heartbeat (the
+file touched every ``lease_s / 4``), judged by owners on other hosts against the file
+system's clock.  A reservation whose owner is dead is reclaimed by the next engine that
+takes the ledger's lock, whoever it is: its file and temporary files removed, the files
+its failure strands too.  No host name and no pid is trusted: a restarted container with
+the same pid, or an engine in another PID or UTS namespace, is judged by its lease
+(``tests/test_ledger_two_hosts.py``).  When a tier
 starts it also reconciles the ledger with its namespace directory (names and sizes):
 a file the ledger names and the directory lacks leaves it; a file the directory holds
 and the ledger does not name is an orphan and is removed; a size that differs from its
 record is corrected.  A damaged journal line is skipped, never fatal.
 
-**Hosts.**  Engines on several hosts may share one root when the file system's
-``flock`` is coherent across its clients (local file systems, NFSv4 with its lock
-manager, CephFS, GPFS; Lustre mounted with ``flock``, not ``localflock``): the design
-relies on it for the ledger's lock and the leases, and on appends made under that lock.
-A file system whose ``flock`` fails (``ENOLCK``, ``EOPNOTSUPP``) is refused at start,
-never run unprotected.  A file system whose ``flock`` is silently local to each client
-(Lustre ``localflock``) cannot be detected and is not supported: give each host its own
-``root_dir`` there.  The cost of the design is one global lock per root: every store
-and every batch of reads takes it.
+**Hosts.**  Engines on several hosts may share one root on any file system where
+``symlink`` creation is atomic (POSIX; NFSv3/v4, CephFS, Lustre, GPFS): nothing relies on
+``flock`` or ``O_APPEND`` across clients.  ``flock`` serves only among the processes of one
+kernel (where it is coherent whatever the file system); across hosts the lock is the held
+symlink, liveness the heartbeat, and the journal is written at the end it has under the
+lock (opened afresh: close-to-open consistency gives its current size).  A file system
+whose ``flock`` fails (``ENOLCK``, ``EOPNOTSUPP``) runs on the symlink and heartbeats
+alone; one whose ``flock`` is silently local to each client (Lustre ``localflock``) is
+harmless (``tests/test_ledger_across_hosts.py``).  **Bound:** the bytes under the root stay
+within ``disk_bytes_to_use`` at every step, as on one host.  **Cost:** one global lock per
+root, which every store and every batch of reads takes (a symlink and its removal more
+than ``flock`` alone); a peer on another host reclaims a dead engine's lock and
+reservations only once its lease is silent (30 s); an engine that stalls longer than that
+while holding reservations loses them (counter ``reservations_lost``, its late files
+removed), and one that stalls holding the lock may lose the lock: the one case the design
+does not cover, as no lease without fencing tokens does.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The ledger of one ``root_dir``: the model every engine writing there shares.
 
-The design (a journal under an ``flock``, replayed by every engine before it decides),
+The design (a journal under the root's lock, replayed by every engine before it decides),
 its bound and its crash handling are :mod:`vllm_adapter.disk.budget`'s docstring; the
 records and leases are :mod:`vllm_adapter.disk.journal`'s; this module is the mechanism.
 It is one class, :class:`RootLedger`: the model (the reference's
@@ -33,12 +33,13 @@ from reference.eviction import EvictionRule
 from reference.knobs import Chunking
 from reference.prefix_structure import PrefixStructure
 from vllm_adapter.disk.journal import (
+    LEASE_SECONDS,
+    FlockUnsupported,
     Lease,
+    RootLock,
     encode,
-    flock,
     fragment_json,
     hex_keys,
-    owner_alive,
 )
 from vllm_adapter.disk.ledger_model import (
     LEDGER_FILE,
@@ -106,7 +107,7 @@ class RootLedger(LedgerModel):
     def __init__(self, root: str, budget: int, rule: EvictionRule = EvictionRule.REACHABLE,
                  counters: BudgetCounters | None = None, *, reserve: int | None = None,
                  adopt_budget: bool = False, io: LedgerIO | None = None,
-                 owner_id: str | None = None) -> None:
+                 owner_id: str | None = None, lease_s: float = LEASE_SECONDS) -> None:
         self.root = root
         self.rule = rule
         self.counters = counters or BudgetCounters()
@@ -114,6 +115,9 @@ class RootLedger(LedgerModel):
         self.ledger_path = os.path.join(root, LEDGER_FILE)
         self._lock_path = os.path.join(root, LOCK_FILE)
         self._thread_lock = threading.RLock()
+        self._acquiring = threading.Lock()
+        """One thread of this ledger at a time takes the root's lock (the held symlink names
+        the ledger, not the thread)."""
         self._local = threading.local()
         """``depth``: how deep this thread is inside :meth:`_locked`."""
         self._chunkings: dict[str, Chunking] = {}
@@ -127,8 +131,9 @@ class RootLedger(LedgerModel):
         self.budget = budget
         self._set_budget(budget)
         self._reset()
-        self.lease = Lease(root, owner_id)
+        self.lease = Lease(root, owner_id, io=self.io, lease_s=lease_s)
         self.owner = self.lease.id
+        self._root_lock = RootLock(root, self.lease)
         self._rids = itertools.count()
         try:
             with self._locked():
@@ -184,7 +189,7 @@ class RootLedger(LedgerModel):
             names = os.listdir(self.lease.dir)
         except FileNotFoundError:
             return False
-        return any(owner_alive(self.root, n[: -len(".lease")]) for n in names
+        return any(self.lease.alive(n[: -len(".lease")]) for n in names
                    if n.endswith(".lease") and n[: -len(".lease")] != self.owner)
 
     # -- model ----------------------------------------------------------------
@@ -207,10 +212,12 @@ class RootLedger(LedgerModel):
         """The root's lock: replayed, dead owners reclaimed, reads journaled, then the body;
         the journal compacted when it passed half the reserve.
 
-        The ``flock`` is waited for without the in-process lock, so a reader of the model
-        (:meth:`files`, :meth:`totals`, on any thread) never waits on another process;
-        each acquisition opens its own descriptor, so two threads of one process exclude
-        each other through the ``flock`` too.  Re-entrant on one thread."""
+        The lock is an ``flock`` of the lock file (where ``flock`` works: processes of one
+        kernel queue on it without polling), then the root's held symlink
+        (:class:`~vllm_adapter.disk.journal.RootLock`: what excludes engines on other
+        hosts, where no ``flock`` is trusted).  Both are waited for without the in-process
+        lock, so a reader of the model (:meth:`files`, :meth:`totals`, on any thread)
+        never waits on another process.  Re-entrant on one thread."""
         if getattr(self._local, "depth", 0):
             self._local.depth += 1
             try:
@@ -218,21 +225,32 @@ class RootLedger(LedgerModel):
             finally:
                 self._local.depth -= 1
             return
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            flock(fd, fcntl.LOCK_EX, self.root)
-            with self._thread_lock:
-                self._local.depth = 1
+        with self._acquiring:
+            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                if self.lease.flock_works:
+                    try:
+                        self.io.flock(fd, fcntl.LOCK_EX, self.root)
+                    except FlockUnsupported:
+                        self.lease.flock_works = False
+                self._root_lock.acquire()
                 try:
-                    self._sync()
-                    self._reclaim_dead()
-                    self._flush_uses()
-                    yield
-                    self._compact_if_large()
+                    with self._thread_lock:
+                        self._local.depth = 1
+                        try:
+                            if self.lease.lost():
+                                self.counters.add(leases_lost=1)
+                            self._sync()
+                            self._reclaim_dead()
+                            self._flush_uses()
+                            yield
+                            self._compact_if_large()
+                        finally:
+                            self._local.depth = 0
                 finally:
-                    self._local.depth = 0
-        finally:
-            os.close(fd)  # releases the flock
+                    self._root_lock.release()
+            finally:
+                os.close(fd)  # releases the flock
 
     def _reclaim_dead(self) -> list[str]:
         """Fail the reservations of owners whose lease is free: their files and temporary
@@ -246,7 +264,7 @@ class RootLedger(LedgerModel):
             if owner == self.owner:
                 continue
             if owner not in alive:
-                alive[owner] = owner_alive(self.root, owner)
+                alive[owner] = self.lease.alive(owner)
             if not alive[owner]:
                 dead.append(path)
         if not dead:
@@ -397,9 +415,17 @@ class RootLedger(LedgerModel):
         """This ledger's reservations written (True) or failed (False).  A failed file is
         removed and leaves the ledger, and under the rule so do the files its absence
         strands.  Returns the paths removed.  A path this ledger did not reserve (or
-        already completed) is ignored."""
+        already completed) is ignored.  A reservation a peer reclaimed meanwhile (this owner
+        stalled past its lease) is lost: its file, written or not, is removed unless the
+        path was reserved anew."""
         with self._locked():
             mine = [(p, self._mine.pop(p), ok) for p, ok in results if p in self._mine]
+            lost = [p for p, rid, _ in mine if self._by_rid.get(rid) != p]
+            for p in lost:
+                if p not in self._res:
+                    self._unlink_with_temps(p)
+            if lost:
+                self.counters.add(reservations_lost=len(lost))
             return self._complete_locked(mine)
 
     def _complete_locked(self, results: Sequence[tuple[str, str, bool]]) -> list[str]:

@@ -23,7 +23,7 @@ from reference.eviction import Disk, EvictionRule
 from reference.knobs import Chunking
 from reference.prefix_structure import PrefixStructure
 from vllm_adapter.disk.counters import Counters
-from vllm_adapter.disk.journal import decode, encode
+from vllm_adapter.disk.journal import LeaseIO, decode, encode
 
 __all__ = ["LEDGER_FILE", "LOCK_FILE", "BudgetCounters", "LedgerIO", "LedgerModel"]
 
@@ -43,6 +43,10 @@ class BudgetCounters(Counters):
     orphans_removed: int = 0
     reservations_reclaimed: int = 0
     """Reservations of dead writers failed by this tier."""
+    reservations_lost: int = 0
+    """This tier's reservations a peer reclaimed (it stalled past its lease)."""
+    leases_lost: int = 0
+    """Times a peer judged this tier dead and removed its lease."""
     journal_records_skipped: int = 0
     """Journal lines that were torn or damaged (skipped on replay)."""
     compactions: int = 0
@@ -52,8 +56,9 @@ class BudgetCounters(Counters):
             return {k: v for k, v in vars(self).items() if not k.startswith("_")}
 
 
-class LedgerIO:
-    """The ledger's own file operations, one object (a test injects faults and crashes here)."""
+class LedgerIO(LeaseIO):
+    """The ledger's own file operations, one object (a test injects faults and crashes
+    here, or makes the engine another host: :class:`~vllm_adapter.disk.journal.LeaseIO`)."""
 
     def write(self, fd: int, data: bytes) -> int:
         return os.write(fd, data)
@@ -296,38 +301,41 @@ class LedgerModel:
 
     def _sync(self) -> None:
         """Replay what was appended since this ledger last read the journal (all of it when
-        another engine compacted it, or it shrank: a new inode or a smaller size)."""
+        another engine compacted it, or it shrank: a new inode or a smaller size).  The
+        journal is opened, then ``fstat``-ed: a network file system's close-to-open
+        consistency gives its current size, where a ``stat`` may answer from a cache."""
         try:
-            st = os.stat(self.ledger_path)
+            f = open(self.ledger_path, "rb")
         except FileNotFoundError:
             if self._inode is not None:
                 self._replay_all(keep_events=True, from_disk=False)
             return
-        if st.st_ino != self._inode or st.st_size < self._offset:
+        with f:
+            st = os.fstat(f.fileno())
+            if st.st_ino == self._inode and st.st_size >= self._offset:
+                self._replay(f, st.st_size)
+                return
             before = {p: r.ns for p, r in self._res.items()}
             events = self._events
             kept = {**self._kept, **{ns: space.structure for ns, space in self._spaces.items()}}
             self._reset()
             self._kept = kept
             self._inode = st.st_ino
-            self._replay(st.st_size)
-            self._kept = {}
-            self._events = events
-            for path, ns in before.items():
-                if path not in self._res:
-                    self._event(ns, path, False)
-            for path, r in self._res.items():
-                if path not in before and self._spaces[r.ns].disk.files[r.fid].ready:
-                    self._event(r.ns, path, True)
-            return
-        self._replay(st.st_size)
+            self._replay(f, st.st_size)
+        self._kept = {}
+        self._events = events
+        for path, ns in before.items():
+            if path not in self._res:
+                self._event(ns, path, False)
+        for path, r in self._res.items():
+            if path not in before and self._spaces[r.ns].disk.files[r.fid].ready:
+                self._event(r.ns, path, True)
 
-    def _replay(self, size: int) -> None:
+    def _replay(self, f: Any, size: int) -> None:
         if size <= self._offset:
             return
-        with open(self.ledger_path, "rb") as f:
-            f.seek(self._offset)
-            data = f.read(size - self._offset)
+        f.seek(self._offset)
+        data = f.read(size - self._offset)
         end = data.rfind(b"\n") + 1
         for line in data[:end].splitlines():
             rec = decode(line)
@@ -340,13 +348,19 @@ class LedgerModel:
 
     def _append(self, records: Sequence[dict[str, Any]]) -> None:
         """Append ``records`` whole, then apply them; a write that fails (a full disk)
-        leaves the journal as it was (truncated back) and the model unchanged."""
+        leaves the journal as it was (truncated back) and the model unchanged.
+
+        Written at the end the journal has under the root's lock (a fresh ``open``: a
+        network file system's close-to-open consistency gives its current size), not with
+        ``O_APPEND``, whose atomicity does not hold across a network file system's
+        clients; the lock makes this the only writer."""
         if not records:
             return
         data = b"".join(encode(r) for r in records)
-        fd = os.open(self.ledger_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.ledger_path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             st = os.fstat(fd)
+            os.lseek(fd, st.st_size, os.SEEK_SET)
             if self._inode != st.st_ino:
                 self._inode, self._offset = st.st_ino, 0
             start = st.st_size

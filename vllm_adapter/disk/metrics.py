@@ -94,6 +94,11 @@ BUDGET_COUNTERS: dict[str, str] = {
     ),
     "orphans_removed": "Files without a ledger entry this kvchunk file tier removed.",
     "reservations_reclaimed": "Reservations of dead writers this kvchunk file tier failed.",
+    "reservations_lost": (
+        "Reservations of this kvchunk file tier that a peer reclaimed: the tier stalled "
+        "longer than its lease (must be 0)."
+    ),
+    "leases_lost": "Times a peer judged this kvchunk file tier dead and removed its lease.",
     "journal_records_skipped": "Torn or damaged ledger journal lines this kvchunk file tier skipped.",
     "compactions": "Ledger journal compactions this kvchunk file tier ran.",
 }

@@ -111,7 +111,7 @@ class TierBudget:
         root, since the last call (absolute paths); replays the ledger at most every
         :data:`POLL_SECONDS` unless ``force``.
 
-        When the ledger changed this takes the root's ``flock`` (another engine may hold it
+        When the ledger changed this takes the root's lock (another engine may hold it
         for a whole eviction): the tier calls it from its follower thread and its store
         tasks, never from vLLM's scheduler thread."""
         now = time.monotonic()
