@@ -9,6 +9,7 @@ saw no call says so (its counts stay zero).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,15 +35,22 @@ class TierFileIO:
         C.batch_load_chunks(list(paths), list(key_ids), view, list(offsets), size, io)
 
     def store_packed(self, path: str, keys: Sequence[bytes], view: memoryview,
-                     offsets: Sequence[int], size: int, io: C.ChunkIO) -> tuple[P.Section, ...]:
-        """Packed layout: one file of a store job's keys; the sections written."""
+                     offsets: Sequence[int], size: int, io: C.ChunkIO) -> P.PackedHeader:
+        """Packed layout: one file of a store job's keys; its header as written (the
+        sections and the file's identity, for the index)."""
         return PIO.store_packed_file(path, keys, view, offsets, size, io)
 
     def load_packed(self, index: PIO.PackedIndex, keys: Sequence[Any], view: memoryview,
                     offsets: Sequence[int], size: int, io: C.ChunkIO) -> None:
-        """Packed layout: a job's keys from the files the index names."""
-        PIO.load_packed_files(index, keys, view, offsets, size, io)
+        """Packed layout: a job's keys from the files the index names (a file unchanged
+        since it was indexed is read without its header), read with :meth:`preadv`."""
+        PIO.load_packed_files(index, keys, view, offsets, size, io, self.preadv)
 
     def read_packed_header(self, path: str, io: C.ChunkIO) -> P.PackedHeader:
-        """Packed layout: a file's verified header (its sections), for the index."""
-        return P.read_packed_index(path, io.namespace, io.checksum)
+        """Packed layout: a file's verified header (its sections, its identity), for the
+        index; read with :meth:`preadv`."""
+        return P.read_packed_index(path, io.namespace, io.checksum, self.preadv)
+
+    def preadv(self, fd: int, buffers: list[Any], offset: int) -> int:
+        """Packed layout: every read of a packed file's header or sections (``os.preadv``)."""
+        return os.preadv(fd, buffers, offset)

@@ -15,23 +15,52 @@ payload checksums use the tier's algorithm (:data:`vllm_adapter.disk.chunk_file.
 
 **Store** (:func:`store_packed`): every payload is hashed, then header and
 payloads go to a unique temporary name in one vectored write, which is renamed
-onto the file's name: a reader sees the whole file or none.  **Load**
-(:func:`load_packed`): the header is read and checked, then only the wanted
-sections are read, adjacent ones in one ``preadv`` into their destination rows, and
-each is verified against its own checksum.
+onto the file's name: a reader sees the whole file or none.  The store returns
+the file's sections and its :class:`FileIdentity` (device, inode, size and mtime
+of the written file, ``fstat``-ed before the rename, which keeps them; and the
+header digest), what the tier's index keeps.
 
-**What a bad file fails** (the bad-input cases of the tiered faults lane):
+**Load** has two paths, both reading only the wanted sections (adjacent ones in one
+``preadv`` into their destination rows) and verifying **each against its own
+checksum**:
+
+* *fast* (:func:`load_indexed` with the index's :class:`IndexedFile`): one ``fstat``
+  of the opened file; when its device, inode, size and mtime are the identity the
+  index recorded, the header is not read: the sections come from the index, which
+  holds what the header said when the file was stored or last parsed.
+* *full* (:func:`load_packed`, and :func:`load_indexed` without an index entry or
+  on any identity mismatch): the header is read and checked (below), and the
+  sections come from it.  The parsed header (with the file's new identity) is
+  returned, so the index can be refreshed from it.
+
+Why the identity is enough: kvchunk never writes a published file in place (a
+rewrite is written aside and renamed: a new inode), so an unchanged identity
+means the bytes the index describes; anything else that writes the file in
+place changes its mtime (and a truncation or an append its size), so it is
+parsed again.  What the fast path does not catch: an in-place write that keeps
+size and mtime (the mtime put back with ``utime``, or a write within the file
+system's timestamp granularity on a kernel without fine-grained timestamps).
+The sections are still checked against the index's checksums, so no wrong byte
+is served; damage to the header alone then goes unnoticed until its next full
+parse (a restart's index rebuild), and is harmless meanwhile: the index, not
+the header, says where the sections are.
+
+**What a bad file fails** (the bad-input cases of the tiered faults lane), found
+by the full parse:
 
 * a header that does not verify (torn or overwritten index, wrong digest), another
   format version or magic, another namespace or checksum algorithm, or a file whose
   size is not the header's plus its sections' (truncated or extended: not a file a
   store renamed into place): every key of the file fails, and the file is deleted or
   quarantined (the tier's bad-file policy);
-* a missing file: every wanted key fails (``missing``); the tier forgets the file;
 * a section that points past the end of the file, is not page-aligned or overlaps
   the one before: that section's key fails;
 * two sections claiming one key: that key fails (neither copy can be trusted);
-* a key the file's index does not hold (``key``): that key fails;
+* a key the file's index does not hold (``key``): that key fails.
+
+On either path:
+
+* a missing file: every wanted key fails (``missing``); the tier forgets the file;
 * a payload whose checksum differs (or a short read): that section's key fails.
 
 A section that fails leaves the tier's index, so only its keys are recomputed and
@@ -44,8 +73,9 @@ import mmap
 import os
 import struct
 import threading
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from reference.packed import (
     DIGEST_BYTES,
@@ -68,13 +98,18 @@ from vllm_adapter.disk.chunk_file import (
 
 __all__ = [
     "FORMAT_VERSION",
+    "FileIdentity",
+    "IndexedFile",
+    "Loaded",
     "MAGIC",
     "PACKED_DIR",
     "PACKED_SUFFIX",
     "PackedHeader",
+    "Preadv",
     "Section",
     "group_of_key",
     "iter_packed_files",
+    "load_indexed",
     "load_packed",
     "packed_name",
     "read_packed_index",
@@ -99,6 +134,8 @@ _ENTRY = struct.Struct("<HIQQ16s")
 assert _FIXED.size + DIGEST_BYTES == FIXED_HEADER_BYTES
 assert _ENTRY.size == ENTRY_FIXED_BYTES
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+Preadv = Callable[[int, list[Any], int], int]
+"""How a load reads (``os.preadv``'s call): the tier passes its file I/O object's."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +152,33 @@ class Section:
 
 
 @dataclass(frozen=True)
+class FileIdentity:
+    """Which bytes a packed file held when it was indexed: what one ``fstat`` tells
+    (device, inode, size, mtime) and the digest its header carries.
+
+    A load whose ``fstat`` matches skips the header (:func:`load_indexed`).  A rewrite
+    by kvchunk is a new file renamed over the name (a new inode); a truncation or an
+    append changes the size; any other in-place write changes the mtime.  The header
+    digest identifies the header's content: a file parsed again whose digest is the
+    indexed one holds the indexed sections (only its ``fstat`` fields changed)."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+    header_digest: bytes
+
+    @classmethod
+    def of(cls, st: os.stat_result, header_digest: bytes) -> FileIdentity:
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, bytes(header_digest))
+
+    def matches(self, st: os.stat_result) -> bool:
+        """Whether ``st`` (an ``fstat`` of the opened file) is this file, unchanged."""
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_dev) == (
+            self.inode, self.size, self.mtime_ns, self.device)
+
+
+@dataclass(frozen=True)
 class PackedHeader:
     """A packed file's checked header: its sections, and the keys it cannot serve."""
 
@@ -125,6 +189,10 @@ class PackedHeader:
     """The sections that can be read (within the file, aligned, one per key)."""
     bad: tuple[tuple[bytes, str], ...]
     """Keys the index names that cannot be served, with why (``bounds``, ``duplicate``)."""
+    header_digest: bytes = b""
+    """The digest the header carries (BLAKE3 of its fixed fields and index)."""
+    identity: FileIdentity | None = None
+    """The file this header was read from or written to (None: not known)."""
 
     def section(self, key: bytes) -> Section | None:
         for s in self.sections:
@@ -238,12 +306,14 @@ def parse_header(
         else:
             end = s.offset + page_round(s.length)
     good = tuple(s for s in entries if s.key not in bad)
-    return PackedHeader(path, size, file_bytes, good, tuple(bad.items()))
+    return PackedHeader(path, size, file_bytes, good, tuple(bad.items()),
+                        bytes(head[_FIXED.size : FIXED_HEADER_BYTES]))
 
 
-def _read_head(fd: int, path: str, file_bytes: int) -> bytes:
+def _read_head(fd: int, path: str, file_bytes: int, preadv: Preadv | None = None) -> bytes:
+    preadv = preadv or os.preadv
     page = _aligned(PAGE)
-    n = os.preadv(fd, [page], 0)
+    n = preadv(fd, [page], 0)
     if n < FIXED_HEADER_BYTES:
         raise ChunkFileError(path, "size")
     size = _FIXED.unpack_from(page, 0)[3]
@@ -252,20 +322,31 @@ def _read_head(fd: int, path: str, file_bytes: int) -> bytes:
     if size > min(MAX_HEADER_BYTES, file_bytes) or size % PAGE:
         raise ChunkFileError(path, "header")
     head = _aligned(size)
-    if os.preadv(fd, [head], 0) != size:
+    if preadv(fd, [head], 0) != size:
         raise ChunkFileError(path, "size")
     return bytes(head)
 
 
-def read_packed_index(
-    path: str, namespace: bytes | None = None, checksum: str | None = None
+def _checked_header(
+    fd: int, path: str, st: os.stat_result, namespace: bytes | None, checksum: str | None,
+    preadv: Preadv | None = None,
 ) -> PackedHeader:
-    """Open a packed file and return its checked header (:class:`ChunkFileError` if bad)."""
+    """The opened file's checked header, with its identity (``st``: its ``fstat``, taken
+    before the header is read: a write after that leaves the file's mtime other than
+    the identity's, so the next load parses the header again)."""
+    header = parse_header(path, _read_head(fd, path, st.st_size, preadv), st.st_size,
+                          namespace, checksum)
+    return replace(header, identity=FileIdentity.of(st, header.header_digest))
+
+
+def read_packed_index(
+    path: str, namespace: bytes | None = None, checksum: str | None = None,
+    preadv: Preadv | None = None,
+) -> PackedHeader:
+    """Open a packed file and return its checked header and identity (:class:`ChunkFileError` if bad)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        file_bytes = os.fstat(fd).st_size
-        return parse_header(path, _read_head(fd, path, file_bytes), file_bytes, namespace,
-                            checksum)
+        return _checked_header(fd, path, os.fstat(fd), namespace, checksum, preadv)
     finally:
         os.close(fd)
 
@@ -302,11 +383,13 @@ def _pad(n: int) -> memoryview:
 
 def store_packed(
     path: str, keys: Sequence[bytes], payloads: Sequence[memoryview], io: ChunkIO
-) -> tuple[Section, ...]:
+) -> PackedHeader:
     """Write one packed file atomically: ``keys[i]``'s section holds ``payloads[i]``.
 
-    Returns the sections written (what the tier's index records).  Any failure
-    removes the temporary file and raises.
+    Returns its header as written: the sections (what the tier's index records) and
+    the file's :class:`FileIdentity` (``fstat``-ed once every byte is written; the
+    rename keeps device, inode, size and mtime).  Any failure removes the temporary
+    file and raises.
     """
     sums = [payload_digest(io.checksum, p) for p in payloads]
     lengths = [len(p) for p in payloads]
@@ -318,13 +401,42 @@ def store_packed(
         if len(p) % PAGE:
             buffers.append(_pad(PAGE - len(p) % PAGE))
             padded = False
-    write_atomically(path, io, lambda fd: _writev_all(fd, buffers), direct=padded)
+    written: list[os.stat_result] = []
+
+    def write(fd: int) -> None:
+        _writev_all(fd, buffers)
+        written.append(os.fstat(fd))
+
+    write_atomically(path, io, write, direct=padded)
     size = len(head)
     sections, at = [], size
     for i, (key, length, checksum) in enumerate(zip(keys, lengths, sums, strict=True)):
         sections.append(Section(bytes(key), group_of_key(key), at, length, checksum, i))
         at += page_round(length)
-    return tuple(sections)
+    header_digest = bytes(head[_FIXED.size : FIXED_HEADER_BYTES])
+    return PackedHeader(path, size, at, tuple(sections), (), header_digest,
+                        FileIdentity.of(written[-1], header_digest))
+
+
+@dataclass(frozen=True)
+class IndexedFile:
+    """What the tier's index knows of one packed file, for a load's fast path."""
+
+    identity: FileIdentity
+    """The file as indexed; a load whose ``fstat`` differs parses the header instead."""
+    sections: Mapping[bytes, Section]
+    """The indexed sections of (at least) the keys the load wants."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What :func:`load_indexed` did with one file."""
+
+    failed: dict[bytes, str]
+    """The wanted keys that failed, with why (empty: every section loaded)."""
+    header: PackedHeader | None
+    """The header this load read and checked, with the file's identity (the full
+    path); None when it read none (the fast path, or the file failed)."""
 
 
 def _runs(wanted: list[tuple[Section, memoryview]]) -> list[list[tuple[Section, memoryview]]]:
@@ -338,7 +450,7 @@ def _runs(wanted: list[tuple[Section, memoryview]]) -> list[list[tuple[Section, 
     return runs
 
 
-def _read_run(fd: int, run: list[tuple[Section, memoryview]]) -> int:
+def _read_run(fd: int, run: list[tuple[Section, memoryview]], preadv: Preadv) -> int:
     """One ``preadv`` (looped while short) of adjacent sections; the bytes read."""
     buffers: list[memoryview] = []
     for s, dest in run:
@@ -348,7 +460,7 @@ def _read_run(fd: int, run: list[tuple[Section, memoryview]]) -> int:
     offset, total = run[0][0].offset, 0
     want = sum(len(b) for b in buffers)
     while buffers and total < want:
-        n = os.preadv(fd, buffers[:_IOV_MAX], offset + total)
+        n = preadv(fd, buffers[:_IOV_MAX], offset + total)
         if n <= 0:
             break
         total += n
@@ -360,62 +472,91 @@ def _read_run(fd: int, run: list[tuple[Section, memoryview]]) -> int:
     return total
 
 
+def _read_sections(
+    fd: int, path: str, wants: Sequence[tuple[bytes, memoryview]], by_key: Mapping[bytes, Section],
+    bad: Mapping[bytes, str], io: ChunkIO, preadv: Preadv,
+) -> dict[bytes, str]:
+    """Read the wanted sections (``by_key``: where each is) and verify each against its
+    checksum; the keys that failed, with why (``bad``: keys the header refused)."""
+    counters = io.counters
+    failed: dict[bytes, str] = {}
+    wanted: list[tuple[Section, memoryview]] = []
+    for key, dest in wants:
+        s = by_key.get(bytes(key))
+        if s is None:
+            failed[bytes(key)] = bad.get(bytes(key), "key")  # not in this file's index
+        elif s.length != len(dest):
+            failed[bytes(key)] = "length"
+        else:
+            wanted.append((s, dest))
+    for run in _runs(wanted):
+        got = _read_run(fd, run, preadv)
+        counters.add(reads=1)
+        at = 0
+        for s, dest in run:
+            if got < at + s.length:
+                failed[s.key] = "size"
+            elif payload_digest(io.checksum, dest) != s.checksum:
+                failed[s.key] = "checksum"
+            at += page_round(s.length)
+    ok = [s for s, _ in wanted if s.key not in failed]
+    counters.add(sections_loaded=len(ok), bad_sections=len(failed))
+    counters.per_group("sections_loaded_per_group", [s.group for s in ok])
+    for why in set(failed.values()):
+        counters.bad(path, why)
+    return failed
+
+
+def load_indexed(
+    path: str, wants: Sequence[tuple[bytes, memoryview]], io: ChunkIO,
+    indexed: IndexedFile | None, preadv: Preadv | None = None,
+) -> Loaded:
+    """Read and verify the sections of ``wants`` (key, destination) from one packed file.
+
+    The file is opened once and ``fstat``-ed.  Fast path: ``indexed`` is given and its
+    identity matches, so the header is not read; the sections are ``indexed``'s.  Full
+    path otherwise: the header is read and checked, and returned in :attr:`Loaded.header`
+    (a header that fails fails every wanted key and discards the file, the tier's
+    bad-file policy).  Either way every section read is verified against its checksum,
+    a section that fails fails its key alone, and adjacent wanted sections are one read
+    (``preadv``: how, ``os.preadv`` by default).
+    """
+    preadv = preadv or os.preadv
+    counters = io.counters
+    direct = io.o_direct and all(len(dest) % PAGE == 0 for _, dest in wants)
+    try:
+        fd = os.open(path, os.O_RDONLY | (O_DIRECT if direct else 0))
+    except FileNotFoundError:
+        return Loaded({k: MISSING for k, _ in wants}, None)
+    except OSError as exc:
+        return Loaded({k: f"open: {exc.strerror}" for k, _ in wants}, None)
+    try:
+        st = os.fstat(fd)
+        counters.add(files_opened=1)
+        if indexed is not None and indexed.identity.matches(st):
+            return Loaded(_read_sections(fd, path, wants, indexed.sections, {}, io, preadv), None)
+        try:
+            header = _checked_header(fd, path, st, io.namespace, io.checksum, preadv)
+        except ChunkFileError as exc:
+            counters.bad(path, exc.why)
+            discard_bad_file(path, st, io)
+            return Loaded({k: exc.why for k, _ in wants}, None)
+        by_key = {s.key: s for s in header.sections}
+        return Loaded(_read_sections(fd, path, wants, by_key, dict(header.bad), io, preadv),
+                      header)
+    finally:
+        os.close(fd)
+
+
 def load_packed(
     path: str, wants: Sequence[tuple[bytes, memoryview]], io: ChunkIO
 ) -> dict[bytes, str]:
-    """Read and verify the sections of ``wants`` (key, destination) from one packed file.
+    """Read and verify the sections of ``wants`` (key, destination) from one packed file,
+    its header read and checked first (:func:`load_indexed`'s full path).
 
     Returns the keys that failed, with why (empty: every section loaded).  A
     header that fails fails every wanted key and discards the file (the tier's
     bad-file policy); a section that fails fails its key alone.  The file is
     opened once; adjacent wanted sections are one read.
     """
-    counters = io.counters
-    direct = io.o_direct and all(len(dest) % PAGE == 0 for _, dest in wants)
-    try:
-        fd = os.open(path, os.O_RDONLY | (O_DIRECT if direct else 0))
-    except FileNotFoundError:
-        return {k: MISSING for k, _ in wants}
-    except OSError as exc:
-        return {k: f"open: {exc.strerror}" for k, _ in wants}
-    failed: dict[bytes, str] = {}
-    try:
-        st = os.fstat(fd)
-        counters.add(files_opened=1)
-        try:
-            header = parse_header(path, _read_head(fd, path, st.st_size), st.st_size,
-                                  io.namespace, io.checksum)
-        except ChunkFileError as exc:
-            counters.bad(path, exc.why)
-            discard_bad_file(path, st, io)
-            return {k: exc.why for k, _ in wants}
-        bad = dict(header.bad)
-        by_key = {s.key: s for s in header.sections}
-        wanted: list[tuple[Section, memoryview]] = []
-        for key, dest in wants:
-            s = by_key.get(bytes(key))
-            if s is None:
-                failed[bytes(key)] = bad.get(bytes(key), "key")  # not in this file's index
-            elif s.length != len(dest):
-                failed[bytes(key)] = "length"
-            else:
-                wanted.append((s, dest))
-        for run in _runs(wanted):
-            got = _read_run(fd, run)
-            counters.add(reads=1)
-            at = 0
-            for s, dest in run:
-                span = page_round(s.length)
-                if got < at + s.length:
-                    failed[s.key] = "size"
-                elif payload_digest(io.checksum, dest) != s.checksum:
-                    failed[s.key] = "checksum"
-                at += span
-        ok = [s for s, _ in wanted if s.key not in failed]
-        counters.add(sections_loaded=len(ok), bad_sections=len(failed))
-        counters.per_group("sections_loaded_per_group", [s.group for s in ok])
-        for why in set(failed.values()):
-            counters.bad(path, why)
-        return failed
-    finally:
-        os.close(fd)
+    return load_indexed(path, wants, io, None).failed

@@ -50,8 +50,10 @@ file.  The packed tier answers ``lookup(key)`` from an in-memory index, key ->
 background thread keeps up with other engines' files (within ``POLL_SECONDS`` plus one
 ledger replay; the lookup itself never waits on the root's lock); a key
 already in the index is not written again; a load opens each file it needs once
-and reads adjacent sections in one call; a section that fails verification
-fails its key alone and leaves the index.
+and reads adjacent sections in one call, without reading the file's header when one
+``fstat`` shows the file the index holds (same device, inode, size and mtime:
+:mod:`vllm_adapter.disk.packed_io`), and verifies each section's checksum; a section
+that fails verification fails its key alone and leaves the index.
 
 Options of the tier (``secondary_tiers`` entry, besides vLLM's fs-tier keys
 ``root_dir``, ``n_read_threads``, ``n_write_threads``, ``enable_kv_events``,
@@ -361,7 +363,7 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
                     header = self.file_io.read_packed_header(path, self.io)
                 except OSError:
                     continue
-                self.index.add(path, header.sections)
+                self.index.add(path, header)
 
     def stop_following(self, timeout: float = 5.0) -> None:
         """Stop the ``kvchunk-fs-follow`` thread (:meth:`shutdown` does; it also stops when
