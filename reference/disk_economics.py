@@ -25,6 +25,7 @@ from reference.economics import MILLION, _Engine, hashed
 from reference.eviction import Disk, EvictionRule, Layout, Overflow, prefix_closed_head
 from reference.keys import split_key
 from reference.knobs import Chunking
+from reference.packed import store_job_files
 from reference.plan import Planner, Policy
 from reference.prefix_structure import PrefixStructure
 from reference.rules import WindowRule
@@ -76,8 +77,8 @@ class BudgetedIndex:
         eviction gets (:class:`~reference.eviction.Overflow`); ``window_siblings``:
         :meth:`Disk.arrives_stranded`'s option (admission judges a pending boundary by its
         window keys too); ``windows_apart``: the packed layout writes a store's window
-        keys to a second file (an ablation: the window sections of a boundary the rule
-        keeps as a prefix may then go alone)."""
+        keys to a file of their own (:func:`reference.packed.store_job_files`; the layout
+        issue #31's measurements ask for, not yet the tier's: ``docs/semantics.md`` §10)."""
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
             raise ValueError(f"budget_bytes must be an int >= 0, got {budget_bytes!r}")
         self.key_bytes = (
@@ -172,9 +173,7 @@ class BudgetedIndex:
             return [[k] for k in keys]
         if not self.windows_apart:
             return [keys]
-        full = [k for k in keys if self.structure.is_full(k)]
-        windows = [k for k in keys if not self.structure.is_full(k)]
-        return [f for f in (full, windows) if f]
+        return list(store_job_files(keys, self.structure.full_groups))
 
     def _add(self, keys: Sequence[bytes]) -> list[int]:
         """Pending files for ``keys`` (never evicted until their store completes)."""
@@ -197,7 +196,11 @@ class BudgetedIndex:
         return prefix_closed_head(self.disk, keys, fits)
 
     def complete_store(self, keys: Sequence[bytes], success: bool = True) -> None:
-        fids = dict.fromkeys(self.disk.file_of[k] for k in keys if k in self.disk.file_of)
+        """The store's files are written (their use time now, in the layout's file order:
+        a packed job's full-attention file, then its window file, as the tier completes
+        them) or failed."""
+        fids = dict.fromkeys(self.disk.file_of[k] for f in self._files(keys) for k in f
+                             if k in self.disk.file_of)
         for fid in fids:
             f = self.disk.files[fid]
             if f.ready:

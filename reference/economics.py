@@ -478,7 +478,7 @@ class Engine:
     def _count_store(self, keys: Sequence[bytes], tally: Tally) -> None:
         """One store job: a file per key (per chunk), one file for all (packed)."""
         tally.written.update(split_key(k)[1] for k in keys)
-        self.packed.write(keys, tally.packed)
+        tally.packed.jobs += self.packed.write(keys, tally.packed)
         self._request_keys.extend(keys)
 
     def _count_load(self, load: LoadJob, tally: Tally) -> None:

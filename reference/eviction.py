@@ -87,6 +87,7 @@ __all__ = [
     "PrefixStructure",
     "eviction_unit",
     "evictable",
+    "passed_windows_unit",
     "prefix_closed_head",
     "stranded",
 ]
@@ -136,6 +137,9 @@ class _File:
 class Disk:
     """Files on disk over a :class:`PrefixStructure`; the rule and the baseline."""
 
+    passed_windows_first = True
+    """The rule's first step (:func:`passed_windows_unit`); off only in ablations."""
+
     def __init__(self, structure: PrefixStructure) -> None:
         self.structure = structure
         self.files: dict[int, _File] = {}
@@ -152,6 +156,9 @@ class Disk:
         """Heap of (last use, file) for files that were leaves then (checked when popped)."""
         self._recency: OrderedDict[int, None] = OrderedDict()
         """Every file, least recently used first."""
+        self._windows_only: set[int] = set()
+        """Files that hold window keys only (the packed layout's window files, per-chunk
+        window files): the candidates of :meth:`_passed_windows_unit`."""
 
     # -- state --------------------------------------------------------------
 
@@ -165,6 +172,8 @@ class Disk:
         self._next_id += 1
         self.files[fid] = _File(tuple(keys), nbytes, self.tick(), ready)
         self._recency[fid] = None
+        if keys and not any(self.structure.is_full(k) for k in keys):
+            self._windows_only.add(fid)
         self._dependents[fid] = 0
         self.bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.bytes)
@@ -199,6 +208,7 @@ class Disk:
             del self.file_of[key]
         del self._dependents[fid]
         del self._recency[fid]
+        self._windows_only.discard(fid)
 
     def touch(self, fid: int) -> None:
         self.files[fid].last_use = self.tick()
@@ -289,7 +299,14 @@ class Disk:
         return tuple(self._recency)
 
     def _next_unit(self) -> tuple[int, ...] | None:
-        """:meth:`evictable`'s first unit, from the heap of leaves."""
+        """The rule's next unit: first the least recently used unit of window files whose
+        boundaries one prefix went on past (a hit ends at such a boundary only when what
+        follows it is lost; a boundary where prefixes branched, as a shared system prompt,
+        is where new sessions' hits end: it stays), then :meth:`evictable`'s first unit,
+        from the heap of leaves."""
+        passed = passed_windows_unit(self) if self.passed_windows_first else None
+        if passed is not None:
+            return passed
         skipped: list[tuple[int, int]] = []
         found = None
         while self._leaves:
@@ -389,6 +406,9 @@ class Disk:
         new = self.add(f.keys, f.nbytes, f.ready)
         self.files[fid] = self.files.pop(new)
         self.files[fid].last_use = f.last_use
+        if new in self._windows_only:
+            self._windows_only.discard(new)
+            self._windows_only.add(fid)
         self._dependents[fid] = self._dependents.pop(new)
         del self._recency[new]
         self._recency[fid] = None
@@ -465,6 +485,37 @@ class Disk:
                     bad.add(key)
                     changed = window_siblings
         return bad
+
+
+def _passed_by_one_prefix(disk: Disk, keys: Sequence[bytes]) -> bool:
+    """Every boundary the window ``keys`` serve was passed by one prefix only: its
+    full-attention keys have, on disk, exactly one child between them (the prefix went on
+    past it, and no other prefix branched off there)."""
+    s = disk.structure
+    boundaries = {b for k in keys for b in s.serves.get(k, ())}
+    return bool(boundaries) and all(
+        sum(c in disk.file_of for k in s.full_at.get(b, ()) for c in s.children.get(k, ()))
+        == 1 for b in boundaries)
+
+
+def passed_windows_unit(disk: Disk) -> tuple[int, ...] | None:
+    """The unit the rule takes before any other (:meth:`Disk._next_unit`): the least
+    recently used unit of window files only whose boundaries were each passed by one
+    prefix; None when there is none.  A hit ends at such a boundary only when what follows
+    it is lost; a boundary where prefixes branched (a shared system prompt, where new
+    sessions' hits end) keeps its windows."""
+    s = disk.structure
+    for fid in disk.lru_order():
+        if fid not in disk._windows_only:
+            continue
+        f = disk.files[fid]
+        if not f.ready or f.pins or not _passed_by_one_prefix(disk, f.keys):
+            continue
+        unit = disk.unit(fid)
+        if unit is not None and not any(
+                s.is_full(k) for other in unit for k in disk.files[other].keys):
+            return unit
+    return None
 
 
 def eviction_unit(disk: Disk, fid: int) -> tuple[int, ...] | None:

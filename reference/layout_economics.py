@@ -71,6 +71,9 @@ class LayoutEconomics:
     opened_once: tuple[tuple[Open, int], ...]
     reads: int
     reads_once: int
+    jobs_written: int = 0
+    """Store jobs that wrote at least one file (a job's files share one ledger reservation
+    and one completion)."""
 
     @property
     def files_written(self) -> int:
@@ -146,6 +149,8 @@ class LayoutTally:
     opened_once: Counter[Open] = field(default_factory=Counter)
     reads: int = 0
     reads_once: int = 0
+    jobs: int = 0
+    """Store jobs that wrote at least one file."""
 
 
 class _PackedFiles:
@@ -159,15 +164,17 @@ class _PackedFiles:
         self.sections: list[Sections] = []
         """Each file's sections (file id = its place here)."""
 
-    def write(self, keys: Iterable[bytes], tally: LayoutTally) -> None:
-        """One file whose sections are ``keys`` not already on disk, in order (none: no file)."""
+    def write(self, keys: Iterable[bytes], tally: LayoutTally) -> bool:
+        """One file whose sections are ``keys`` not already on disk, in order (none: no
+        file); whether it was written."""
         new = [k for k in dict.fromkeys(keys) if k not in self.at]
         if not new:
-            return
+            return False
         for position, key in enumerate(new):
             self.at[key] = (len(self.sections), position)
         self.sections.append(_sections(new))
         tally.files[self.sections[-1]] += 1
+        return True
 
     def read(self, keys: Sequence[bytes], tally: LayoutTally, once: Iterable[bytes]) -> None:
         """One load job of ``keys``; ``once``: those not loaded before in the pass."""
@@ -195,5 +202,5 @@ def layout_economics(layout: str, tally: LayoutTally) -> LayoutEconomics:
     """A packed layout's :class:`LayoutEconomics` from one pass's :class:`LayoutTally`."""
     return LayoutEconomics(
         layout, tuple(sorted(tally.files.items())), tuple(sorted(tally.opened.items())),
-        tuple(sorted(tally.opened_once.items())), tally.reads, tally.reads_once,
+        tuple(sorted(tally.opened_once.items())), tally.reads, tally.reads_once, tally.jobs,
     )

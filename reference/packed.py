@@ -7,6 +7,9 @@ workload writes as many files as store jobs, not as many as chunk keys, at the
 same chunk size.  This module is the layout's definition; the tier
 (``vllm_adapter.disk.packed_file``) writes and reads exactly these bytes, and the
 economics (:mod:`reference.economics`) count files, sections and reads with it.
+:func:`store_job_files` splits a job into a full-attention file and a window file: the
+variant issue #31's measurements ask for (``docs/semantics.md`` section 10), measured in
+the reference's disk model (``BudgetedIndex(windows_apart=True)``), not yet the tier's.
 
 A packed file is::
 
@@ -30,8 +33,9 @@ A packed file is::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
+from reference.keys import split_key
 from reference.mathutil import cdiv
 
 __all__ = [
@@ -44,6 +48,7 @@ __all__ = [
     "page_round",
     "read_runs",
     "section_offsets",
+    "store_job_files",
 ]
 
 PAGE = 4096
@@ -55,6 +60,15 @@ FIXED_HEADER_BYTES = 40 + DIGEST_BYTES
 bytes (4), namespace digest (16); then the header digest (16)."""
 ENTRY_FIXED_BYTES = 2 + 4 + 8 + 8 + DIGEST_BYTES
 """Per section: key length (2), group (4), offset (8), length (8), checksum (16); the key follows."""
+
+
+def store_job_files(keys: Sequence[bytes], full_groups: Collection[int]) -> tuple[tuple[bytes, ...], ...]:
+    """The packed files one store job of ``keys`` writes: its keys of ``full_groups`` (the
+    full-attention groups), then its other keys (window groups), each in job order; a kind
+    the job lacks writes no file."""
+    full = tuple(k for k in keys if split_key(k)[1] in full_groups)
+    windows = tuple(k for k in keys if split_key(k)[1] not in full_groups)
+    return tuple(f for f in (full, windows) if f)
 
 
 def page_round(n: int) -> int:

@@ -1,17 +1,16 @@
-"""Why the eviction rule serves fewer hits than plain LRU on a small disk (issue #31, item 2).
+"""The eviction rule against plain LRU on a small disk, and what each part of it costs (issue #31).
 
 At the second point of ``--sweep-disk`` (a quarter of the unbounded run's peak bytes) of the
 agentic workload, ``block_size`` 512, gemma-4-31B-it TP2 and DeepSeek-V4-Flash TP4, serve the
 scaled workload (:func:`reference.disk_economics.scaled`, GPU cache cold, no CPU tier, as
 ``--sweep-disk`` does) over a :class:`reference.disk_economics.BudgetedIndex` for each of
 
-* eviction {the rule (leaves first), plain LRU} x admission {on, off} x a store that does not
-  fit {refused whole, the longest prefix-closed head admitted} (the index's options);
-* two cause checks, both rules: the packed layout with each store's window keys in a file of
-  their own (``windows_apart``), and one file per key (``per_chunk``);
-
-and one experiment (not a reference option): the rule with windows apart, evicting first the
-window files of boundaries its prefix goes on past (:class:`InteriorWindowsFirst`);
+* eviction {the rule, plain LRU} x admission {on, off} x a store that does not fit {refused
+  whole, the longest prefix-closed head admitted} (the index's options), on the packed
+  layout as the tier writes it (one file per store job);
+* the rule without its first step (passed boundaries' window files first: recency only);
+* both rules with each store's window keys in a file of their own (``windows_apart``), and
+  on one file per key (``per_chunk``); and the rule as it was before #31 (recency only);
 
 and print, per variant: the hit rate, stores refused, keys dropped by admission, stores cut
 to a head, tokens recomputed for lack of space (per million prompt tokens), bytes stranded
@@ -27,7 +26,8 @@ Run (vLLM 0.34.0's environment: the CLI derives each model's chunking and key si
 ``--point N`` picks another curve point (1-8), ``--workload chat`` another workload,
 ``--model gemma`` or ``--model dsv4`` one model.  ``--curves``: instead, the hit rates of the
 rule and of LRU at the 8 points of both workloads' curves (chat and agentic), packed as
-``--sweep-disk`` runs them, with windows apart, and the experiment.
+``--sweep-disk`` runs them, beside the rule without its first step and both with windows
+apart (``reports/disk-curves.md`` is this output).
 """
 
 from __future__ import annotations
@@ -83,44 +83,19 @@ def cli_inputs(model: str, tp: int, workload: str) -> tuple[Chunking, Workload, 
     return got[0]
 
 
-class InteriorWindowsFirst(Disk):
-    """The rule, evicting first a unit of window files only whose boundaries each have a
-    full-attention key with a child on disk (the prefix goes on past them: a hit ends there
-    only if everything after it is lost); then the rule's order.  An experiment: it scans
-    every unit per eviction (slow on large disks)."""
+class RecencyOnly(Disk):
+    """The rule without its first step (the window files of a boundary one prefix passed,
+    first): least recently used evictable unit only, as before issue #31's fix."""
 
-    def _next_unit(self) -> tuple[int, ...] | None:
-        s = self.structure
-        for fid in self._recency:  # least recently used first
-            keys = self.files[fid].keys
-            if any(s.is_full(k) for k in keys):
-                continue
-            boundaries = {b for k in keys for b in s.serves.get(k, ())}
-            if not all(any(c in self.file_of for k in s.full_at[b] for c in s.children.get(k, ()))
-                       for b in boundaries):
-                continue
-            unit = self.unit(fid)
-            if unit is not None and not any(
-                    s.is_full(k) for other in unit for k in self.files[other].keys):
-                return unit
-        return super()._next_unit()
+    passed_windows_first = False
 
 
-class ExperimentIndex(BudgetedIndex):
-    """The rule with windows apart over :class:`InteriorWindowsFirst`."""
+class RecencyOnlyIndex(BudgetedIndex):
+    """:class:`BudgetedIndex` over :class:`RecencyOnly` (an ablation)."""
 
-    def __init__(self, chunking: Chunking, key_bytes: Mapping[int, int] | int, budget: int,
-                 rule: EvictionRule = EvictionRule.REACHABLE, layout: Layout = Layout.PACKED,
-                 *args: Any, **options: Any) -> None:
-        super().__init__(chunking, key_bytes, budget, EvictionRule.REACHABLE, Layout.PACKED,
-                         *args, windows_apart=True)
-        self.disk = InteriorWindowsFirst(self.structure)
-
-
-def experiment_index(chunking: Chunking, key_bytes: Mapping[int, int], size: int,
-                     policy: Policy) -> BudgetedIndex:
-    return ExperimentIndex(chunking, key_bytes, size, EvictionRule.REACHABLE, Layout.PACKED,
-                           policy.window)
+    def __init__(self, *args: Any, **options: Any) -> None:
+        super().__init__(*args, **options)
+        self.disk = RecencyOnly(self.structure)
 
 
 @dataclass(frozen=True)
@@ -140,10 +115,10 @@ class Row:
 
 def serve(chunking: Chunking, big: Workload, policy: Policy, key_bytes: dict[int, int],
           size: int, served_unbounded: int, variant: str, rule: EvictionRule,
-          layout: Layout = Layout.PACKED, experiment: bool = False, **options: Any) -> Row:
+          layout: Layout = Layout.PACKED, recency_only: bool = False, **options: Any) -> Row:
     reqs = hashed(list(requests(big)), chunking.tokens_per_hash)
-    index = (experiment_index(chunking, key_bytes, size, policy) if experiment else
-             BudgetedIndex(chunking, key_bytes, size, rule, layout, policy.window, **options))
+    index = (RecencyOnlyIndex if recency_only else BudgetedIndex)(
+        chunking, key_bytes, size, rule, layout, policy.window, **options)
     engine = _start(chunking, policy, big.max_num_batched_tokens, index)
     span = {gc.group.index: gc.tokens_per_chunk for gc in chunking.groups}
     full = {gc.group.index for gc in chunking.groups if gc.window_in_chunks is None}
@@ -200,15 +175,15 @@ def table(name: str, chunking: Chunking, workload: Workload, policy: Policy,
                          f"{'refused whole' if overflow is Overflow.REFUSE else 'head admitted'}")
                 rows.append(serve(chunking, big, policy, key_bytes, size, served, label, rule,
                                   admission=admission, overflow=overflow))
+    rows.append(serve(chunking, big, policy, key_bytes, size, served,
+                      "rule, recency only (no passed windows first)", EvictionRule.REACHABLE,
+                      recency_only=True))
     for rule in EvictionRule:
         short = "rule" if rule is EvictionRule.REACHABLE else "LRU"
         rows.append(serve(chunking, big, policy, key_bytes, size, served,
                           f"{short}, windows in a file of their own", rule, windows_apart=True))
         rows.append(serve(chunking, big, policy, key_bytes, size, served,
                           f"{short}, one file per key (per_chunk)", rule, Layout.PER_CHUNK))
-    rows.append(serve(chunking, big, policy, key_bytes, size, served,
-                      "experiment: rule, windows apart, interior windows first",
-                      EvictionRule.REACHABLE, experiment=True))
     gib = 2**30
     out = [
         f"### {name}: {big.name}, point {point} of 8: {size} bytes ({size / gib:.2f} GiB)",
@@ -228,7 +203,10 @@ def table(name: str, chunking: Chunking, workload: Workload, policy: Policy,
 
 def curves(name: str, chunking: Chunking, workload: Workload, policy: Policy,
            key_bytes: dict[int, int]) -> str:
-    """Rule and LRU hit rates (and the rule's stranded bytes) at the 8 points of a curve."""
+    """The rule's and LRU's hit rates at the 8 points of a ``--sweep-disk`` curve, on the
+    packed layout as the tier writes it (one file per store job) and with windows apart
+    (``store_job_files``: a full-attention and a window file per job), beside the rule
+    without its first step; the rule's stranded bytes."""
     from reference import disk_economics
 
     big = scaled(workload)
@@ -239,30 +217,27 @@ def curves(name: str, chunking: Chunking, workload: Workload, policy: Policy,
     apart = {r: miss_ratio_curve(chunking, big, sizes, r, key_bytes, Layout.PACKED, policy,
                                  windows_apart=True) for r in EvictionRule}
     real = disk_economics.BudgetedIndex
-    disk_economics.BudgetedIndex = ExperimentIndex  # type: ignore[misc]
+    disk_economics.BudgetedIndex = RecencyOnlyIndex  # type: ignore[misc]
     try:
-        experiment = miss_ratio_curve(chunking, big, sizes, EvictionRule.REACHABLE, key_bytes,
-                                      Layout.PACKED, policy)
+        recency = miss_ratio_curve(chunking, big, sizes, EvictionRule.REACHABLE, key_bytes,
+                                   Layout.PACKED, policy)
     finally:
         disk_economics.BudgetedIndex = real  # type: ignore[misc]
     out = [
         f"### {name}: {big.name}",
         "",
-        "| disk | rule | LRU | rule - LRU | apart: rule | apart: LRU | apart: rule - LRU | "
-        "experiment | experiment - LRU | experiment - apart LRU | stranded (rule, apart, "
-        "experiment) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| disk | rule | LRU | rule - LRU | rule, recency only | apart: rule | apart: LRU | "
+        "apart: rule - LRU | apart: rule - LRU one file per job | stranded (rule, apart: rule) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for i, size in enumerate(sizes):
         r, lr = rule[i], lru[i]
         ar, al = apart[EvictionRule.REACHABLE][i], apart[EvictionRule.LRU][i]
-        x = experiment[i]
         out.append(
             f"| {size / 2**30:.2f} GiB | {r.hit_rate:.1%} | {lr.hit_rate:.1%} | "
-            f"{100 * (r.hit_rate - lr.hit_rate):+.1f} | {ar.hit_rate:.1%} | {al.hit_rate:.1%} | "
-            f"{100 * (ar.hit_rate - al.hit_rate):+.1f} | {x.hit_rate:.1%} | "
-            f"{100 * (x.hit_rate - lr.hit_rate):+.1f} | {100 * (x.hit_rate - al.hit_rate):+.1f} | "
-            f"{r.stranded_bytes}, {ar.stranded_bytes}, {x.stranded_bytes} |")
+            f"{100 * (r.hit_rate - lr.hit_rate):+.1f} | {recency[i].hit_rate:.1%} | "
+            f"{ar.hit_rate:.1%} | {al.hit_rate:.1%} | {100 * (ar.hit_rate - al.hit_rate):+.1f} | "
+            f"{100 * (ar.hit_rate - lr.hit_rate):+.1f} | {r.stranded_bytes}, {ar.stranded_bytes} |")
     return "\n".join(out)
 
 
@@ -273,6 +248,16 @@ def main() -> None:
     parser.add_argument("--model", choices=sorted(MODELS), action="append")
     parser.add_argument("--curves", action="store_true")
     args = parser.parse_args()
+    if args.curves:
+        print("# The eviction rule against plain LRU on the `--sweep-disk` curves\n\n"
+              "Generated by `KVCHUNK_VLLM=0.34.0 HF_HUB_OFFLINE=1 .nox/tests-vllm-0-34-0/bin/python "
+              "scripts/disk_ablation.py --curves` (`block_size` 512, packed layout as the tier "
+              "writes it today (one file per store job), no CPU tier, GPU cache cold; hit rate = "
+              "prompt tokens served from disk). `rule, recency only`: the rule without its "
+              "first step (passed boundaries' window files first). `apart`: each store job's "
+              "window keys in a file of their own (`reference.packed.store_job_files`, "
+              "`BudgetedIndex(windows_apart=True)`), not yet the tier's layout. `stranded`: "
+              "the rule's bytes no lookup can load, at the end.\n")
     for name in args.model or sorted(MODELS, reverse=True):
         model, tp = MODELS[name]
         if args.curves:

@@ -69,13 +69,15 @@ def test_the_ledger_machine_on_a_real_geometry(fixture: str) -> None:
     run_state_machine_as_test(machine, settings=settings(
         settings.get_profile(profile),
         max_examples={"ci": 15, "deep": 200}.get(profile, 5),
-        stateful_step_count=25, deadline=None))
+        stateful_step_count=25, deadline=None, derandomize=profile != "deep", database=None))
     done = [c.as_dict() for c in COUNTERS[first:]]
     evicted = sum(d["files_evicted"] for d in done)
     reclaimed = sum(d["reservations_reclaimed"] for d in done)
     print(f"\n{fixture}: {len(done)} engines, {evicted} files evicted, {reclaimed} reservations "
           f"reclaimed, {sum(d['keys_not_admitted'] for d in done)} keys not admitted")
-    assert evicted > 0 and reclaimed > 0, "the machine never filled the root or crashed a writer"
+    assert evicted > 0 and reclaimed > 0, (
+        "the machine never filled the root or crashed a writer (its draws are derandomized "
+        "outside deep: a new hypothesis release may draw others; raise max_examples)")
 
 
 @pytest.mark.parametrize("fixture", FIXTURES)

@@ -27,10 +27,8 @@ VLLM_MISS = (0, 0, 0, 0, 0, 1, 0, 0)  # per request and group: the access after 
 # open lock, flock, symlink held, open journal (replay; fstat), open journal, write, readlink
 # held, unlink held, release
 TRANSACTION = (0, 3, 0, 0, 0, 0, 5, 1)
-PACKED_STORE = tuple(
-    a + 2 * t
-    for a, t in zip((1, 0, 1, 1, 3, 1, 0, 0), TRANSACTION, strict=True)
-)  # create, rename, unlink (eviction), makedirs (stat, mkdir, stat), poll stat; 2 transactions
+PACKED_FILE = (1, 0, 1, 1, 3, 1, 0, 0)  # create, rename, unlink (eviction), makedirs x3, poll stat
+PACKED_STORE_JOB = tuple(2 * t for t in TRANSACTION)  # reserve and complete: its files together
 PACKED_LOAD = (0, 1, 0, 0, 0, 0, 0, 0)
 PACKED_JOB = (0, 1, 0, 0, 0, 0, 0, 1)
 
@@ -38,10 +36,12 @@ PACKED_JOB = (0, 1, 0, 0, 0, 0, 0, 1)
 def test_the_per_event_tables_are_the_syscalls() -> None:
     for ops, want in ((M.PER_CHUNK_STORE, VLLM_STORE), (M.PER_CHUNK_LOAD, VLLM_LOAD),
                       (M.PER_CHUNK_MISS_PROBE, VLLM_MISS), (M.LEDGER_TRANSACTION, TRANSACTION),
-                      (M.PACKED_STORE, PACKED_STORE), (M.PACKED_LOAD, PACKED_LOAD),
+                      (M.PACKED_FILE, PACKED_FILE), (M.PACKED_STORE_JOB, PACKED_STORE_JOB),
+                      (M.PACKED_LOAD, PACKED_LOAD),
                       (M.PACKED_LOAD_JOB, PACKED_JOB)):
         assert tuple(getattr(ops, k) for k in M.OP_KINDS) == want
-    assert (M.PER_CHUNK_STORE.total, M.LEDGER_TRANSACTION.total, M.PACKED_STORE.total) == (4, 9, 25)
+    assert (M.PER_CHUNK_STORE.total, M.LEDGER_TRANSACTION.total, M.PACKED_FILE.total,
+            M.PACKED_STORE_JOB.total) == (4, 9, 7, 18)
     assert M.FOLLOWER_REPLAY.total == 7 and M.FOLLOWER_POLLS_PER_S == 50
 
 
@@ -97,24 +97,28 @@ def test_both_layouts_are_the_reference_counts_times_the_per_event_costs() -> No
          + e.requests * len(e.groups) * p) * per_million
         for s, r, p in zip(VLLM_STORE, VLLM_LOAD, VLLM_MISS, strict=True)
     ]
+    jobs = e.packed.jobs_written  # a job writes one file
+    assert 0 < jobs == e.packed.files_written
     want_packed = [
-        (e.packed.files_written * s + e.packed.file_opens * r + e.load_jobs * j) * per_million
-        for s, r, j in zip(PACKED_STORE, PACKED_LOAD, PACKED_JOB, strict=True)
+        (e.packed.files_written * f + jobs * t + e.packed.file_opens * r + e.load_jobs * j)
+        * per_million
+        for f, t, r, j in zip(PACKED_FILE, PACKED_STORE_JOB, PACKED_LOAD, PACKED_JOB, strict=True)
     ]
     for row, want in ((per_chunk, want_chunk), (packed, want_packed)):
         got = [getattr(row, f"{k}_per_million") for k in M.OP_KINDS]
         assert got == pytest.approx(want)
         assert row.ops_per_million == pytest.approx(sum(want))
     assert per_chunk.unlinked_per_million == 0 and per_chunk.ledger_locks_per_million == 0
-    # No ordering here: this geometry's packed files are only 2.2x fewer than its chunk files,
-    # and each costs two ledger transactions (test_cli.py holds the order on both real models)
+    # No ordering here: this geometry's packed files are not many times fewer than its chunk
+    # files, and each job costs two ledger transactions (test_cli.py holds the order on both
+    # real models)
     own_chunk = sum(want_chunk) * tokens / 1e6
     assert per_chunk.ops_per_second == pytest.approx(own_chunk)
     assert per_chunk.engines == math.floor(capacity / own_chunk)
     own_packed = sum(want_packed) * tokens / 1e6
     assert packed.ops_per_second == pytest.approx(own_packed + 50)
     peer_files = e.packed.files_written * per_million * tokens / 1e6
-    peer_appends = (2 * e.packed.files_written + e.load_jobs) * per_million * tokens / 1e6
+    peer_appends = (2 * jobs + e.load_jobs) * per_million * tokens / 1e6
     n = most_engines(capacity, own_packed, 50, peer_files, peer_appends)
     assert packed.engines == n
     assert packed.ops_per_second_per_engine_at_engines == pytest.approx(

@@ -592,6 +592,52 @@ def test_eviction_rule_takes_leaves_and_the_windows_they_serve() -> None:
     assert eviction.stranded(disk) == {full[2], window[2]}
 
 
+def test_eviction_takes_first_the_windows_of_a_boundary_one_prefix_passed() -> None:
+    """Issue #31: a boundary one prefix went on past serves a hit only when what follows it
+    is lost, so its window file goes before any other unit, older ones included; a boundary
+    where prefixes branched (a shared system prompt, where new sessions' hits end) keeps
+    its windows, and the rule's least-recently-used order applies.  (Stated from the rule:
+    ``docs/semantics.md`` section 10.)"""
+    from reference import eviction
+    from reference.disk_economics import BudgetedIndex
+
+    groups = (KVGroup(0, GroupKind.FULL, 16), KVGroup(1, SW, 16, sliding_window=24))
+    chunking = resolve(Geometry(groups, tokens_per_hash=16), BlocksPerChunk(2))
+    index = BudgetedIndex(chunking, 100, 4000, eviction.EvictionRule.REACHABLE,
+                          windows_apart=True)
+
+    def keys_of(tokens: list[int]) -> tuple[list[bytes], list[bytes]]:
+        chain = prefix_block_hashes(tokens, 16)
+        index.observe(chain)
+        full, window = (group_keys(chain, gc) for gc in chunking.groups)
+        return full, window
+
+    def store(keys: list[bytes]) -> None:
+        plan = index.prepare_store(keys)
+        assert plan is not None and not plan.evicted_keys
+        index.complete_store(plan.keys_to_store)
+
+    old_full, old_window = keys_of(list(range(1000, 1064)))
+    store([old_full[0], old_full[1], old_window[1]])  # another prefix, least recently used
+    a = list(range(1, 97))
+    full, window = keys_of(a)
+    store([full[0], full[1], window[1]])
+    assert index.disk.files[index.disk.file_of[window[1]]].keys == (window[1],), "windows apart"
+    disk = index.disk
+    oldest = disk.next_victim(eviction.EvictionRule.REACHABLE)
+    assert oldest is not None and disk.file_of[old_full[1]] in oldest, "LRU before any pass"
+    assert eviction.passed_windows_unit(disk) is None
+    store([full[2], window[2]])  # the prefix goes on past boundary 1: its windows go first
+    assert eviction.passed_windows_unit(disk) == (disk.file_of[window[1]],)
+    assert disk.next_victim(eviction.EvictionRule.REACHABLE) == (disk.file_of[window[1]],)
+    branch, _ = keys_of(a[:64] + list(range(500, 532)))
+    store([branch[2]])  # another prefix branches off at boundary 1: its windows stay
+    victim = disk.next_victim(eviction.EvictionRule.REACHABLE)
+    assert victim is not None and disk.file_of[window[1]] not in victim
+    assert disk.file_of[old_full[1]] in victim, "the rule's LRU order at a branch point"
+    assert not disk.stranded()
+
+
 def test_gpu_prefix_hit() -> None:
     """The engine's GPU hit (docs/semantics.md §8 "GPU hit"): a held shared prefix, never
     the request's last token, ending where every group's blocks end; nothing not held."""

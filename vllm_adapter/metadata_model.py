@@ -40,11 +40,13 @@ shares it through a journal under the root's lock (:mod:`vllm_adapter.disk.ledge
   it to write, the write (a shared file's size and write capability move between clients:
   counted as one operation), ``readlink`` and ``unlink`` the held lock, and the ``flock``'s
   release at ``close``: 9;
-* a file stored (:data:`PACKED_STORE`, one per store job with new keys): two ledger
-  transactions, the write's ledger poll (a ``stat``), ``os.makedirs(exist_ok=True)`` of its
-  ``packed/<2 hex>`` directory (``stat``, ``mkdir`` failing ``EEXIST``, ``stat``: 3), a create,
-  a rename, and one unlink (a full budget in steady state evicts about a file per file
-  written; the eviction's record rides on the reserve's append): 25;
+* a store job that writes files (:data:`PACKED_STORE_JOB`; a job's files are reserved
+  together and completed together): two ledger transactions, 18;
+* a file stored (:data:`PACKED_FILE`): the write's ledger poll (a ``stat``),
+  ``os.makedirs(exist_ok=True)`` of its ``packed/<2 hex>`` directory (``stat``, ``mkdir``
+  failing ``EEXIST``, ``stat``: 3), a create, a rename, and one unlink (a full budget in
+  steady state evicts about a file per file written; the eviction's record rides on the
+  reserve's append): 7;
 * a file opened by a load (:data:`PACKED_LOAD`): its ``open`` (lookups answer from the
   in-memory index: none);
 * a load job (:data:`PACKED_LOAD_JOB`): its ``use`` records, appended at the engine's next
@@ -77,7 +79,8 @@ __all__ = [
     "OP_KINDS",
     "PACKED_LOAD",
     "PACKED_LOAD_JOB",
-    "PACKED_STORE",
+    "PACKED_FILE",
+    "PACKED_STORE_JOB",
     "PER_CHUNK_LOAD",
     "PER_CHUNK_MISS_PROBE",
     "PER_CHUNK_STORE",
@@ -141,8 +144,8 @@ PER_CHUNK_STORE = Ops(created=1, renamed=1, makedirs=1, lookups=1)
 PER_CHUNK_LOAD = Ops(opened=1, lookups=1)
 PER_CHUNK_MISS_PROBE = Ops(lookups=1)
 LEDGER_TRANSACTION = Ops(opened=3, ledger_locks=5, ledger_appends=1)
-PACKED_STORE = (Ops(created=1, renamed=1, makedirs=3, lookups=1, unlinked=1)
-                + LEDGER_TRANSACTION.times(2))
+PACKED_FILE = Ops(created=1, renamed=1, makedirs=3, lookups=1, unlinked=1)
+PACKED_STORE_JOB = LEDGER_TRANSACTION.times(2)
 PACKED_LOAD = Ops(opened=1)
 PACKED_LOAD_JOB = Ops(opened=1, ledger_appends=1)
 FOLLOWER_POLLS_PER_S = round(1 / POLL_SECONDS)
@@ -150,7 +153,7 @@ FOLLOWER_POLLS_PER_S = round(1 / POLL_SECONDS)
 FOLLOWER_REPLAY = Ops(opened=2, ledger_locks=5)
 """A follower poll that finds the journal grown: a replay under the lock (beyond its stat)."""
 _PACKED_APPENDS_PER_STORE = 2
-"""Journal appends per packed file written (``add`` at reserve, ``done`` at complete)."""
+"""Journal appends per store job that writes files (``add`` at reserve, ``done`` at complete)."""
 
 
 @dataclass(frozen=True)
@@ -267,10 +270,11 @@ def metadata_economics(e: Economics, fs_metadata_ops: int | None = None,
     per_chunk_ops = (PER_CHUNK_STORE.times(per_chunk.files_written)
                      + PER_CHUNK_LOAD.times(per_chunk.file_opens)
                      + PER_CHUNK_MISS_PROBE.times(e.requests * len(e.groups)))
-    packed_ops = (PACKED_STORE.times(packed.files_written)
+    packed_ops = (PACKED_FILE.times(packed.files_written)
+                  + PACKED_STORE_JOB.times(packed.jobs_written)
                   + PACKED_LOAD.times(packed.file_opens)
                   + PACKED_LOAD_JOB.times(e.load_jobs))
-    appends = _PACKED_APPENDS_PER_STORE * packed.files_written + e.load_jobs
+    appends = _PACKED_APPENDS_PER_STORE * packed.jobs_written + e.load_jobs
     cached = (e.gpu_hit_tokens + e.offload_hit_tokens) / e.prompt_tokens if e.prompt_tokens \
         else 0.0
     return MetadataEconomics(

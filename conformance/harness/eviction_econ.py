@@ -24,9 +24,24 @@ drives a secondary tier:
 * **lookups**: a key the CPU tier holds is a hit there (the disk is not asked); any
   other key is looked up on the disk (:meth:`BudgetedIndex.lookup`: a hit refreshes
   its file's use time).
+* **promotions**: a key the disk holds is promoted to the CPU tier *when a lookup finds
+  it*, whatever hit the request ends with: ``TieringOffloadingManager.lookup`` starts
+  the promotion (a secondary-to-primary load job, batched per request and step) and
+  answers HIT_PENDING, before the connector has asked the other groups.  So a
+  full-attention chunk whose boundary's window chunks are gone is read although the
+  windows cut the hit (issue #31's windows-apart layout keeps such a chunk as the
+  prefix of a deeper boundary).  The promotions a lookup starts land before the next
+  step (:meth:`TieredIndex.finish_promotions`: a read per distinct file of the batch,
+  use times refreshed; the keys are then held by the CPU tier).  A lookup whose hit
+  needs a chunk being promoted is deferred and asked again once they landed
+  (:class:`PromotingPlanner`); one that is not (the windows cut the hit short of the
+  promoted chunks) registers no shared-prefix junction when its full-attention scan
+  started a promotion (vLLM's ``full_attention_hit_boundary`` is 0 when that scan
+  deferred; :class:`PromotingEngine`).
 * **loads**: the keys of a load job the CPU tier does not hold are read from the disk
   (:meth:`BudgetedIndex.prepare_load`: a read per distinct file of the job, use times
-  refreshed) and are then held by the CPU tier (it keeps what it promoted).
+  refreshed) and are then held by the CPU tier (it keeps what it promoted); with
+  promotions at lookup, a load job finds its keys in the CPU tier.
 * **passes**: between passes the CPU tier is emptied (vLLM's ``reset_cache``); the
   disk keeps its files, its use times and its prefix structure.  In pass 1 the CPU
   tier holds everything stored, so the disk is never hit nor read: it only takes
@@ -56,13 +71,15 @@ from reference.economics import Engine, Tally, hashed
 from reference.eviction import Disk, EvictionRule, Layout
 from reference.knobs import Chunking
 from reference.packed import packed_file_bytes
-from reference.plan import Policy
+from reference.plan import Planner, Policy
 from reference.store import LookupResult, StorePlan
 from reference.workload import GpuCache, WorkloadRequest
 
 __all__ = [
     "PackedBudgetedIndex",
     "PassCounts",
+    "PromotingEngine",
+    "PromotingPlanner",
     "TieredIndex",
     "budgets",
     "predict",
@@ -104,26 +121,50 @@ class PackedBudgetedIndex(BudgetedIndex):
 
 class TieredIndex:
     """A CPU tier that holds every key it is given, in front of a budgeted disk
-    (``reference.plan.ChunkIndex``; the order of events in the module docstring)."""
+    (``reference.plan.ChunkIndex``; the order of events in the module docstring): a disk
+    hit starts a promotion (HIT_PENDING until :meth:`finish_promotions`)."""
 
     def __init__(self, disk: BudgetedIndex) -> None:
         self.disk = disk
         self.cpu: set[bytes] = set()
         self._pending: set[bytes] = set()
+        self.promoting: dict[bytes, None] = {}
+        """Keys a lookup found on the disk, being promoted to the CPU tier (in lookup order)."""
 
     def lookup(self, key: bytes) -> LookupResult:
-        if key in self._pending:
+        if key in self._pending or key in self.promoting:
             return LookupResult.HIT_PENDING
         if key in self.cpu:
             return LookupResult.HIT
-        return self.disk.lookup(key)
+        found = self.disk.lookup(key)
+        if found is LookupResult.HIT:  # vLLM's tiering manager promotes it now
+            self.promoting[key] = None
+            return LookupResult.HIT_PENDING
+        return found
+
+    def finish_promotions(self) -> None:
+        """The promotions lookups started land (vLLM flushes them at the step's end, one
+        load job per request; the lane drains the tier's I/O after every step): a read
+        per distinct file, then the CPU tier holds the keys."""
+        keys = list(self.promoting)
+        self.promoting.clear()
+        if keys:
+            self.disk.prepare_load(keys)
+            self.disk.complete_load(keys)
+            self.cpu.update(keys)
+
+    def promoting_full(self) -> bool:
+        """Whether a full-attention key is being promoted."""
+        return any(self.disk.structure.is_full(k) for k in self.promoting)
 
     def prepare_store(self, keys: Sequence[bytes]) -> StorePlan | None:
+        self.finish_promotions()
         new = tuple(dict.fromkeys(k for k in keys if k not in self.cpu and k not in self._pending))
         self._pending.update(new)
         return StorePlan(new, tuple(range(len(new))), ())
 
     def complete_store(self, keys: Sequence[bytes], success: bool = True) -> None:
+        self.finish_promotions()
         self._pending.difference_update(keys)
         if not success:
             return
@@ -133,6 +174,7 @@ class TieredIndex:
             self.disk.complete_store(plan.keys_to_store, True)
 
     def prepare_load(self, keys: Sequence[bytes]) -> object:
+        self.finish_promotions()
         from_disk = [k for k in dict.fromkeys(keys) if k not in self.cpu]
         if from_disk:
             self.disk.prepare_load(from_disk)
@@ -145,8 +187,44 @@ class TieredIndex:
 
     def reset(self) -> None:
         """The CPU tier is reset; the disk keeps its files."""
+        self.finish_promotions()
         self.cpu.clear()
         self._pending.clear()
+
+
+class PromotingPlanner(Planner):
+    """:class:`~reference.plan.Planner` over a :class:`TieredIndex`: a lookup starts after
+    the promotions of the step before landed, and one deferred on the promotions it
+    started is asked again once they landed (vLLM's scheduler asks again next step)."""
+
+    store: TieredIndex
+
+    def lookup(self, req_id: str, *args: Any, **kwargs: Any) -> int | None:
+        self.store.finish_promotions()
+        out = super().lookup(req_id, *args, **kwargs)
+        if out is None and self.store.promoting:
+            self.store.finish_promotions()
+            out = super().lookup(req_id, *args, **kwargs)
+        return out
+
+
+class PromotingEngine(Engine):
+    """:class:`~reference.economics.Engine` over a :class:`TieredIndex` through a
+    :class:`PromotingPlanner`.  A shared-prefix junction comes from a lookup whose
+    full-attention scan promoted nothing: vLLM's connector proves no full-attention
+    boundary (``full_attention_hit_boundary`` 0) when that scan found a chunk pending,
+    and a lookup that is not deferred is not asked again."""
+
+    index: TieredIndex
+
+    def __init__(self, chunking: Chunking, policy: Policy, budget: int, index: TieredIndex) -> None:
+        super().__init__(chunking, policy, budget, index)
+        self.planner = PromotingPlanner(chunking, index, policy)
+
+    def _junction(self, hashes: Sequence[bytes], n: int, computed: int, hit: int) -> int | None:
+        if self.index.promoting_full():
+            return None
+        return super()._junction(hashes, n, computed, hit)
 
 
 @dataclass(frozen=True)
@@ -187,7 +265,7 @@ def predict(
     disk = PackedBudgetedIndex(chunking, row_bytes, budget_bytes, rule, policy,
                                pending_windows=pending_windows, window_siblings=window_siblings)
     tiered = TieredIndex(disk)
-    engine = Engine(chunking, policy, budget_tokens, tiered)
+    engine = PromotingEngine(chunking, policy, budget_tokens, tiered)
     engine.gpu_cache = GpuCache.COLD
     chains = hashed(list(reqs), chunking.tokens_per_hash)
     out: list[PassCounts] = []
@@ -229,7 +307,7 @@ def budgets(
     """The bytes pass 1 writes on an unbounded disk, and ``fractions`` of them, each at
     least the largest file of that run (so one file always fits)."""
     disk = PackedBudgetedIndex(chunking, row_bytes, 2**62, EvictionRule.REACHABLE, policy)
-    engine = Engine(chunking, policy, budget_tokens, TieredIndex(disk))
+    engine = PromotingEngine(chunking, policy, budget_tokens, TieredIndex(disk))
     engine.gpu_cache = GpuCache.COLD
     for req, all_hashes in hashed(list(reqs), chunking.tokens_per_hash):
         disk.observe(all_hashes)

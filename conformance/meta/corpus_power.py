@@ -240,6 +240,7 @@ CORPUS_GAPS: dict[str, str] = {
     "spec_last_chunk_past_the_blocks": _NO_BYTES + "the byte-layout spec, reference.transfer)",
     "spec_regions_ignore_blocks_per_chunk": _NO_BYTES + "the byte-layout spec, reference.transfer)",
     "rule_eviction_takes_a_prefix": _DISK,
+    "rule_eviction_any_windows_first": _DISK,
     "rule_window_sibling_always_to_come": _DISK,
     "rule_head_without_windows": _DISK,
 }

@@ -76,6 +76,7 @@ TARGETS: dict[str, tuple[str, str]] = {
     "spec: chunks of a job": ("reference.transfer", "chunks_of"),
     "spec: tensor region": ("reference.transfer", "TransferLayout.region_offset"),
     "eviction unit": ("reference.eviction", "eviction_unit"),
+    "eviction order": ("reference.eviction", "passed_windows_unit"),
     "window siblings": ("reference.eviction", "Disk.arrives_stranded"),
     "prefix-closed head": ("reference.eviction", "prefix_closed_head"),
 }
@@ -270,6 +271,12 @@ MUTANTS: tuple[Mutant, ...] = (
        "chunks after it in their prefix are stranded)", "eviction unit",
        one("return None  # a full-attention chunk that stays would lose its parent",
            "pass  # a full-attention chunk that stays would lose its parent")),
+    _r("rule_eviction_any_windows_first", CAPACITY,
+       "the rule's first step takes any window file, not only those of boundaries one prefix "
+       "went on past: the windows of the latest boundary, where the next hit ends, go first",
+       "eviction order",
+       one("        if not f.ready or f.pins or not _passed_by_one_prefix(disk, f.keys):",
+           "        if not f.ready or f.pins:")),
     _r("rule_window_sibling_always_to_come", CAPACITY,
        "admission (window_siblings) takes a sibling window chunk that ends before the store's "
        "keys to be still to come: window chunks whose earlier siblings never arrive are "
