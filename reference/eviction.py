@@ -156,9 +156,10 @@ class Disk:
         """Heap of (last use, file) for files that were leaves then (checked when popped)."""
         self._recency: OrderedDict[int, None] = OrderedDict()
         """Every file, least recently used first."""
-        self._windows_only: set[int] = set()
-        """Files that hold window keys only (the packed layout's window files, per-chunk
-        window files): the candidates of :meth:`_passed_windows_unit`."""
+        self._windows_only: OrderedDict[int, None] = OrderedDict()
+        """Files that hold window keys only (window-only store jobs, per-chunk window files,
+        windows apart), least recently used first: the candidates of
+        :func:`passed_windows_unit`, which scans only these."""
 
     # -- state --------------------------------------------------------------
 
@@ -173,7 +174,7 @@ class Disk:
         self.files[fid] = _File(tuple(keys), nbytes, self.tick(), ready)
         self._recency[fid] = None
         if keys and not any(self.structure.is_full(k) for k in keys):
-            self._windows_only.add(fid)
+            self._windows_only[fid] = None
         self._dependents[fid] = 0
         self.bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.bytes)
@@ -208,11 +209,13 @@ class Disk:
             del self.file_of[key]
         del self._dependents[fid]
         del self._recency[fid]
-        self._windows_only.discard(fid)
+        self._windows_only.pop(fid, None)
 
     def touch(self, fid: int) -> None:
         self.files[fid].last_use = self.tick()
         self._recency.move_to_end(fid)
+        if fid in self._windows_only:
+            self._windows_only.move_to_end(fid)
         self._push_if_leaf(fid)
 
     def _push_if_leaf(self, fid: int) -> None:
@@ -407,8 +410,10 @@ class Disk:
         self.files[fid] = self.files.pop(new)
         self.files[fid].last_use = f.last_use
         if new in self._windows_only:
-            self._windows_only.discard(new)
-            self._windows_only.add(fid)
+            del self._windows_only[new]
+            self._windows_only[fid] = None
+            for later in [k for k in self._windows_only if self.files[k].last_use > f.last_use]:
+                self._windows_only.move_to_end(later)
         self._dependents[fid] = self._dependents.pop(new)
         del self._recency[new]
         self._recency[fid] = None
@@ -505,9 +510,7 @@ def passed_windows_unit(disk: Disk) -> tuple[int, ...] | None:
     it is lost; a boundary where prefixes branched (a shared system prompt, where new
     sessions' hits end) keeps its windows."""
     s = disk.structure
-    for fid in disk.lru_order():
-        if fid not in disk._windows_only:
-            continue
+    for fid in disk._windows_only:
         f = disk.files[fid]
         if not f.ready or f.pins or not _passed_by_one_prefix(disk, f.keys):
             continue

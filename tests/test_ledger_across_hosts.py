@@ -47,7 +47,7 @@ from test_ledger_state_machine import (  # noqa: I001
     root_bytes,
 )
 
-from vllm_adapter.disk import journal as J
+from vllm_adapter.disk import lease as J
 from vllm_adapter.disk.ledger import RootLedger
 
 

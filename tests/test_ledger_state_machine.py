@@ -55,7 +55,7 @@ from reference.geometry import Geometry, GroupKind, KVGroup
 from reference.keys import group_keys, prefix_block_hashes
 from reference.knobs import BlocksPerChunk, Chunking, resolve
 from vllm_adapter.disk import journal as J
-from vllm_adapter.disk.journal import LEASE_SECONDS
+from vllm_adapter.disk.lease import HELD, LEASE_SECONDS
 from vllm_adapter.disk.ledger import LEDGER_FILE, BudgetMismatch, LedgerIO, RootLedger
 from vllm_adapter.disk.tier_budget import StoreRefused, TierBudget, store_files
 
@@ -289,7 +289,7 @@ class LedgerMachine(RuleBasedStateMachine):
         except Crash as crash:
             if str(crash) in IN_LOCK:  # a real death leaves the root's held lock behind
                 with contextlib.suppress(FileExistsError):
-                    os.symlink(e.ledger.lease.target, self.root / J.HELD)
+                    os.symlink(e.ledger.lease.target, self.root / HELD)
             e.crash()
             self.owners_dead.add(e.ledger.owner)
         except Exception as exc:
@@ -478,7 +478,7 @@ class LedgerMachine(RuleBasedStateMachine):
             for k in keys:
                 assert k not in seen, f"key in two files: {seen[k]} and {path}"
                 seen[k] = path
-        held = self.root / J.HELD
+        held = self.root / HELD
         if held.is_symlink():  # between steps no engine holds the lock: a dead one's is left
             holder = os.path.basename(os.readlink(held))[: -len(".lease")]
             assert holder in self.owners_dead, f"the root's lock is held by live {holder} between steps"

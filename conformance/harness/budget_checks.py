@@ -37,7 +37,7 @@ from vllm_adapter.disk import budget as DB
 from vllm_adapter.disk import packed_file as P
 from vllm_adapter.disk import tier as S
 from vllm_adapter.disk.chunk_file import QUARANTINE_DIR, TEMP_SUFFIX
-from vllm_adapter.disk.journal import LEASE_DIR
+from vllm_adapter.disk.lease import LEASE_DIR
 
 __all__ = [
     "METADATA_FILES",

@@ -59,7 +59,7 @@ from conformance.protocol.trace import RequestSpec  # noqa: E402
 from vllm_adapter.disk import budget as DB  # noqa: E402
 from vllm_adapter.disk import options as TO  # noqa: E402
 from vllm_adapter.disk import tier as S  # noqa: E402
-from vllm_adapter.disk.journal import LEASE_DIR  # noqa: E402
+from vllm_adapter.disk.lease import LEASE_DIR  # noqa: E402
 
 LEDGER_FILES = (DB.LEDGER_FILE, DB.LOCK_FILE)
 """The root's budget ledger and its lock (kvchunk's tier state, not partial files)."""

@@ -29,15 +29,16 @@ module             concern                                                      
                    evict, complete, reclaim dead owners, start, compact
 ``ledger_model``   the model every engine on a root shares, kept equal to the        no
                    journal (replay, apply, append)
-``journal``        the ledger's records and their codec, owners' leases, the root   no
-                   lock across hosts
+``journal``        the ledger's records and their codec                              no
+``lease``          owners' leases (flock on one kernel, heartbeats across hosts)     no
+                   and the root's lock across hosts (the held symlink)
 ``counters``       the thread-safe counter base                                      no
 =================  ===============================================================  ==========
 
 Why this cut: the three things a maintainer changes independently are the file formats
 (``chunk_file``, ``packed_file``), the budget (``budget``, ``tier_budget``, ``ledger``,
-``ledger_model``, ``journal``) and the vLLM glue (``tier``, ``metrics``); only ``tier`` and ``metrics``
-import vLLM, so the formats and the ledger are tested without an engine.  The eviction
+``ledger_model``, ``journal``, ``lease``) and the vLLM glue (``tier``, ``metrics``); only
+``tier`` and ``metrics`` import vLLM, so the formats and the ledger are tested without an engine.  The eviction
 rule itself is :mod:`reference.eviction`'s, reached through its public interface only.
 """
 

@@ -5,7 +5,7 @@ is a journal of what is on the root (:mod:`vllm_adapter.disk.journal`: a file re
 written or failed, read, removed, each record naming its reservation id).  Every change
 is written under the root's lock (an ``flock`` of ``<root_dir>/kvchunk-ledger.lock`` among
 the processes of one kernel, then the symlink ``<root_dir>/kvchunk-ledger.held`` among
-hosts: :class:`~vllm_adapter.disk.journal.RootLock`), and every engine replays what the
+hosts: :class:`~vllm_adapter.disk.lease.RootLock`), and every engine replays what the
 others wrote before it decides anything, so all of them hold the same model of the
 root: the same bytes, files, prefix structure and recency.  The rejected alternatives: ``statvfs`` sees other tenants' bytes and not which
 file to evict; a directory scan per store is slow at 100k files and cannot see recency
@@ -44,7 +44,7 @@ runs refuses with a ``ValueError`` naming both values and the root, unless
 replaces the recorded one (an operator's resize across a restart).
 
 **Crashes and owners.**  Every ledger is an owner with a random id and a lease,
-``<root_dir>/kvchunk-owners/<id>.lease`` (:class:`~vllm_adapter.disk.journal.Lease`): an
+``<root_dir>/kvchunk-owners/<id>.lease`` (:class:`~vllm_adapter.disk.lease.Lease`): an
 ``flock`` held while it lives, judged by owners of the same kernel, and a heartbeat (the
 file touched every ``lease_s / 4``), judged by owners on other hosts against the file
 system's clock.  A reservation whose owner is dead is reclaimed by the next engine that

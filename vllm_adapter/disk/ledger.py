@@ -32,15 +32,8 @@ from typing import Any
 from reference.eviction import EvictionRule
 from reference.knobs import Chunking
 from reference.prefix_structure import PrefixStructure
-from vllm_adapter.disk.journal import (
-    LEASE_SECONDS,
-    FlockUnsupported,
-    Lease,
-    RootLock,
-    encode,
-    fragment_json,
-    hex_keys,
-)
+from vllm_adapter.disk.journal import encode, fragment_json, hex_keys
+from vllm_adapter.disk.lease import LEASE_SECONDS, FlockUnsupported, Lease, RootLock
 from vllm_adapter.disk.ledger_model import (
     LEDGER_FILE,
     LOCK_FILE,
@@ -214,7 +207,7 @@ class RootLedger(LedgerModel):
 
         The lock is an ``flock`` of the lock file (where ``flock`` works: processes of one
         kernel queue on it without polling), then the root's held symlink
-        (:class:`~vllm_adapter.disk.journal.RootLock`: what excludes engines on other
+        (:class:`~vllm_adapter.disk.lease.RootLock`: what excludes engines on other
         hosts, where no ``flock`` is trusted).  Both are waited for without the in-process
         lock, so a reader of the model (:meth:`files`, :meth:`totals`, on any thread)
         never waits on another process.  Re-entrant on one thread."""

@@ -23,7 +23,8 @@ from reference.eviction import Disk, EvictionRule
 from reference.knobs import Chunking
 from reference.prefix_structure import PrefixStructure
 from vllm_adapter.disk.counters import Counters
-from vllm_adapter.disk.journal import LeaseIO, decode, encode
+from vllm_adapter.disk.journal import decode, encode
+from vllm_adapter.disk.lease import LeaseIO
 
 __all__ = ["LEDGER_FILE", "LOCK_FILE", "BudgetCounters", "LedgerIO", "LedgerModel"]
 
@@ -58,7 +59,7 @@ class BudgetCounters(Counters):
 
 class LedgerIO(LeaseIO):
     """The ledger's own file operations, one object (a test injects faults and crashes
-    here, or makes the engine another host: :class:`~vllm_adapter.disk.journal.LeaseIO`)."""
+    here, or makes the engine another host: :class:`~vllm_adapter.disk.lease.LeaseIO`)."""
 
     def write(self, fd: int, data: bytes) -> int:
         return os.write(fd, data)
