@@ -26,7 +26,12 @@ I/O (:class:`conformance.harness.tiered.FileProbe` and kvchunk's) carries a ``st
   half a file (page aligned, ``SIGXFSZ`` ignored): the kernel ends the tier's own write of
   each file short and fails the next one (``EFBIG``), whichever code writes it (vLLM's
   C extension ``fs_io_C`` included, which a Python-level hook cannot reach), so the tier's
-  own clean-up is what is judged; lifted before the prompts are asked again.
+  own clean-up is what is judged; lifted before the prompts are asked again.  The limit
+  cuts kvchunk's ledger journal too once it passes it (its records name the namespace,
+  whose length follows the checkout's path: a clone at ``/check/work/main`` did, one at
+  ``/tmp/ci/main`` did not): a ``done`` record refused then is journaled by the ledger's
+  next locked operation, so no reservation is left pending either way
+  (``tests/test_ledger_state_machine.py``'s ``done-enospc`` fault holds that on its own).
 
 :class:`TierWatch` wraps the tier object's ``lookup`` / ``submit_store`` /
 ``submit_load`` / ``get_finished_jobs`` to see what the tier advertises: lookup verdicts,

@@ -119,6 +119,9 @@ class RootLedger(LedgerModel):
         """Path -> rid of the reservations this ledger made and has not completed."""
         self._uses: dict[str, None] = {}
         """Rids read since the last ``use`` record."""
+        self._owed: list[tuple[str, str, bool]] = []
+        """Completions (path, rid, written) whose ``done`` record the journal refused (a full
+        disk, a file-size limit): journaled at this ledger's next locked operation."""
         self._fixed_reserve = reserve
         self._adopt = adopt_budget
         self.budget = budget
@@ -147,6 +150,7 @@ class RootLedger(LedgerModel):
         self._thread_lock = threading.RLock()
         self._local = threading.local()
         self._chunkings, self._kept, self._mine, self._uses = {}, {}, {}, {}
+        self._owed = []
         self._fixed_reserve, self._adopt = None, False
         self._reset()
         self._sync()
@@ -235,6 +239,7 @@ class RootLedger(LedgerModel):
                                 self.counters.add(leases_lost=1)
                             self._sync()
                             self._reclaim_dead()
+                            self._pay_owed()
                             self._flush_uses()
                             yield
                             self._compact_if_large()
@@ -274,6 +279,14 @@ class RootLedger(LedgerModel):
         self.io.unlink(full)
 
     # -- uses -------------------------------------------------------------------
+
+    def _pay_owed(self) -> None:
+        """Journal the completions the journal refused before (:attr:`_owed`); what it
+        still refuses stays owed."""
+        if self._owed:
+            owed, self._owed = self._owed, []
+            with contextlib.suppress(OSError):  # what it strands goes at a later completion
+                self._complete_locked(owed)
 
     def _flush_uses(self) -> None:
         if self._uses:
@@ -410,7 +423,9 @@ class RootLedger(LedgerModel):
         strands.  Returns the paths removed.  A path this ledger did not reserve (or
         already completed) is ignored.  A reservation a peer reclaimed meanwhile (this owner
         stalled past its lease) is lost: its file, written or not, is removed unless the
-        path was reserved anew."""
+        path was reserved anew.  Completions the journal refuses (a full disk) stay owed
+        and are journaled by this ledger's next locked operation (:meth:`close` included):
+        until then the files count as pending."""
         with self._locked():
             mine = [(p, self._mine.pop(p), ok) for p, ok in results if p in self._mine]
             lost = [p for p, rid, _ in mine if self._by_rid.get(rid) != p]
@@ -428,7 +443,14 @@ class RootLedger(LedgerModel):
         for p, _, ok in live:
             if not ok:
                 self.io.unlink(os.path.join(self.root, p))
-        self._append([{"op": "done", "rid": rid, "ok": ok} for _, rid, ok in live])
+        try:
+            self._append([{"op": "done", "rid": rid, "ok": ok} for _, rid, ok in live])
+        except OSError:
+            # The journal refused the records (full disk, file-size limit): the files stay
+            # counted as pending (the budget holds) and are completed by this ledger's next
+            # locked operation, not left pending until the owner dies.
+            self._owed.extend(live)
+            return [p for p, _, ok in live if not ok]
         if all(ok for _, _, ok in live) or self.rule is not EvictionRule.REACHABLE:
             return [p for p, _, ok in live if not ok]
         return [p for p, _, ok in live if not ok] + self._drop_stranded()
