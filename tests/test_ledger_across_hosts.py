@@ -75,24 +75,28 @@ class Rendezvous(FaultyIO):
     """A host whose first journal write after :meth:`arm` waits (at most ``wait_s``) for
     the other engine to reach its own: two engines that decided from the same view."""
 
-    def __init__(self, host: str, arrived: threading.Event, other: threading.Event) -> None:
+    def __init__(self, host: str, arrived: threading.Event, other: threading.Event,
+                 wait_s: float) -> None:
         super().__init__(host)
         self.arrived, self.other, self.armed_once = arrived, other, False
+        self.wait_s = wait_s
 
     def write(self, fd: int, data: bytes) -> int:
         if self.armed_once:
             self.armed_once = False
             self.arrived.set()
-            self.other.wait(0.5)
+            self.other.wait(self.wait_s)
         return super().write(fd, data)
 
 
-def _race(root: Path) -> tuple[int, int]:
+def _race(root: Path, wait_s: float) -> tuple[int, int]:
     """Two hosts fill the root, then store at once; returns (bytes the journal counts, the
-    files' budget) once both are done."""
+    files' budget) once both are done.  ``wait_s``: how long the first to write waits for
+    the other (under the lock the other cannot come: the wait runs out; without it both
+    come, so a long wait costs nothing and survives a loaded machine)."""
     ea, eb = threading.Event(), threading.Event()
-    a = _host(root, "hosta", Rendezvous("hosta0000001", ea, eb))
-    b = _host(root, "hostb", Rendezvous("hostb0000001", eb, ea))
+    a = _host(root, "hosta", Rendezvous("hosta0000001", ea, eb, wait_s))
+    b = _host(root, "hostb", Rendezvous("hostb0000001", eb, ea, wait_s))
     for prompt in (1, 3, 5, 7):  # four files of two keys: the files' budget, full
         for p in _store(a, prompt):
             a.tier.complete([(p, True)])
@@ -123,7 +127,7 @@ def _name(keys: tuple[bytes, ...] | list[bytes]) -> str:
 
 
 def test_two_hosts_deciding_at_once_are_serialized_by_the_held_lock(tmp_path: Path) -> None:
-    total, files_budget = _race(tmp_path)
+    total, files_budget = _race(tmp_path, 0.5)
     assert total <= files_budget, f"the journal counts {total} bytes, the files' budget is {files_budget}"
     assert root_bytes(tmp_path) <= BUDGET
 
@@ -135,7 +139,7 @@ def test_without_the_held_lock_the_same_schedule_overruns_the_budget(
     engines evict the same victim for their own file, and the root passes its budget."""
     monkeypatch.setattr(J.RootLock, "acquire", lambda self: None)
     monkeypatch.setattr(J.RootLock, "release", lambda self: None)
-    total, files_budget = _race(tmp_path)
+    total, files_budget = _race(tmp_path, 20.0)
     assert total > files_budget, "two unserialized decisions stayed within the budget"
 
 

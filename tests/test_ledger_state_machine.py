@@ -655,6 +655,27 @@ def test_b4_the_journal_is_compacted_while_running_and_reads_are_batched(tmp_pat
     assert all(len(u["rids"]) >= 1 for u in uses)
 
 
+def test_a_journal_whose_live_files_pass_the_compaction_size_compacts_once_per_doubling(
+        tmp_path: Path) -> None:
+    """A journal whose live files alone pass the compaction size (no reserve, many small
+    files: the budget bench's 20k-file root) is compacted again only once it has doubled
+    since its last compaction, not at every acquisition (each compaction replays and writes
+    every live file: a bench of 100k files stalled for minutes in it)."""
+    setup = Setup("many-files", CHUNKING, 10_000 * 2 * KEY_BYTES, reserve=0)
+    e = Engine(tmp_path, "e", setup=setup)
+    e.start()
+    for i in range(300):
+        paths = _store(e, 2 * i + 1, upto=3)
+        e.tier.complete([(p, True) for p in paths])
+    size = os.path.getsize(tmp_path / LEDGER_FILE)
+    assert size > 2 * e.ledger.compact_at, "the live files do not pass the compaction size"
+    before = e.counters_compactions()
+    for _ in range(100):
+        e.ledger.sync()
+    assert e.counters_compactions() - before <= 1
+    e.ledger.close()
+
+
 def _compactions(self: Engine) -> int:
     return self.ledger.counters.as_dict()["compactions"]
 

@@ -119,6 +119,8 @@ class RootLedger(LedgerModel):
         """Path -> rid of the reservations this ledger made and has not completed."""
         self._uses: dict[str, None] = {}
         """Rids read since the last ``use`` record."""
+        self._compacted_bytes = 0
+        """The journal's size after its last compaction (this engine's or a peer's)."""
         self._owed: list[tuple[str, str, bool]] = []
         """Completions (path, rid, written) whose ``done`` record the journal refused (a full
         disk, a file-size limit): journaled at this ledger's next locked operation."""
@@ -150,7 +152,7 @@ class RootLedger(LedgerModel):
         self._thread_lock = threading.RLock()
         self._local = threading.local()
         self._chunkings, self._kept, self._mine, self._uses = {}, {}, {}, {}
-        self._owed = []
+        self._owed, self._compacted_bytes = [], 0
         self._fixed_reserve, self._adopt = None, False
         self._reset()
         self._sync()
@@ -606,8 +608,18 @@ class RootLedger(LedgerModel):
         """The journal is compacted once it passes this (half the reserve)."""
         return max(COMPACT_MIN_BYTES, self.ledger_bytes // 2)
 
+    def _compact_threshold(self) -> int:
+        """:attr:`compact_at`, or, when the live files alone passed it at the last compaction
+        (:attr:`_compacted_bytes`), twice that compaction's size (each compaction reads and
+        writes every live file: once per doubling keeps its cost linear in the records
+        appended), never above the reserve while the reserve holds the last compaction."""
+        grown = 2 * self._compacted_bytes
+        if self.ledger_bytes:
+            grown = min(grown, max(self.ledger_bytes, self._compacted_bytes + COMPACT_MIN_BYTES))
+        return max(self.compact_at, grown)
+
     def _compact_if_large(self) -> None:
-        if self._offset > self.compact_at:
+        if self._offset > self._compact_threshold():
             self.compact_locked()
 
     def compact(self) -> None:
@@ -639,6 +651,7 @@ class RootLedger(LedgerModel):
                 os.remove(tmp)
             return  # the long journal stays valid; the next acquisition tries again
         self.counters.add(compactions=1)
+        self._compacted_bytes = size
         self._sync()  # a new inode: replayed whole, the structures pruned to the live files
 
     def _snapshot(self) -> list[dict[str, Any]]:

@@ -92,7 +92,7 @@ class LedgerModel:
     """The files model of a root, kept equal to its journal (see the module docstring).
 
     Attributes a subclass sets before :meth:`_reset`: ``root``, ``rule``, ``counters``,
-    ``io``, ``ledger_path``, ``_thread_lock``, ``_chunkings``, ``_kept``."""
+    ``io``, ``ledger_path``, ``_thread_lock``, ``_chunkings``, ``_kept``, ``_compacted_bytes``."""
 
     root: str
     rule: EvictionRule
@@ -102,6 +102,9 @@ class LedgerModel:
     _thread_lock: threading.RLock
     _chunkings: dict[str, Chunking]
     _kept: dict[str, PrefixStructure]
+    _compacted_bytes: int
+    """The journal's size after its last compaction (set by a subclass; :meth:`_sync` sets
+    it when another engine's compaction replaced the journal)."""
 
     def _reset(self) -> None:
         self._spaces: dict[str, Namespace] = {}
@@ -319,6 +322,8 @@ class LedgerModel:
             before = {p: r.ns for p, r in self._res.items()}
             events = self._events
             kept = {**self._kept, **{ns: space.structure for ns, space in self._spaces.items()}}
+            if self._inode is not None:  # another engine compacted it: as compact as that
+                self._compacted_bytes = st.st_size
             self._reset()
             self._kept = kept
             self._inode = st.st_ino
