@@ -673,7 +673,12 @@ def test_a_journal_whose_live_files_pass_the_compaction_size_compacts_once_per_d
     for _ in range(100):
         e.ledger.sync()
     assert e.counters_compactions() - before <= 1
+    e.ledger.compact()
     e.ledger.close()
+    again = Engine(tmp_path, "again", setup=setup)
+    again.start()
+    assert again.counters_compactions() == 0, "a start compacted a journal already compact"
+    again.ledger.close()
 
 
 def _compactions(self: Engine) -> int:

@@ -26,7 +26,7 @@ import glob
 import itertools
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from reference.eviction import EvictionRule
@@ -100,7 +100,8 @@ class RootLedger(LedgerModel):
     def __init__(self, root: str, budget: int, rule: EvictionRule = EvictionRule.REACHABLE,
                  counters: BudgetCounters | None = None, *, reserve: int | None = None,
                  adopt_budget: bool = False, io: LedgerIO | None = None,
-                 owner_id: str | None = None, lease_s: float = LEASE_SECONDS) -> None:
+                 owner_id: str | None = None, lease_s: float = LEASE_SECONDS,
+                 chunkings: Mapping[str, Chunking] | None = None) -> None:
         self.root = root
         self.rule = rule
         self.counters = counters or BudgetCounters()
@@ -113,14 +114,17 @@ class RootLedger(LedgerModel):
         the ledger, not the thread)."""
         self._local = threading.local()
         """``depth``: how deep this thread is inside :meth:`_locked`."""
-        self._chunkings: dict[str, Chunking] = {}
+        self._chunkings: dict[str, Chunking] = dict(chunkings or {})
+        """Namespace -> the chunking its structure judges prefixes with (:meth:`set_chunking`;
+        given here, the first replay builds those structures once instead of twice)."""
         self._kept: dict[str, PrefixStructure] = {}
         self._mine: dict[str, str] = {}
         """Path -> rid of the reservations this ledger made and has not completed."""
         self._uses: dict[str, None] = {}
         """Rids read since the last ``use`` record."""
         self._compacted_bytes = 0
-        """The journal's size after its last compaction (this engine's or a peer's)."""
+        """About the journal's size were it compacted now: its live records' bytes when it
+        was last replayed whole (:meth:`_sync`, at a start or after a compaction)."""
         self._owed: list[tuple[str, str, bool]] = []
         """Completions (path, rid, written) whose ``done`` record the journal refused (a full
         disk, a file-size limit): journaled at this ledger's next locked operation."""
@@ -609,13 +613,18 @@ class RootLedger(LedgerModel):
         return max(COMPACT_MIN_BYTES, self.ledger_bytes // 2)
 
     def _compact_threshold(self) -> int:
-        """:attr:`compact_at`, or, when the live files alone passed it at the last compaction
-        (:attr:`_compacted_bytes`), twice that compaction's size (each compaction reads and
-        writes every live file: once per doubling keeps its cost linear in the records
-        appended), never above the reserve while the reserve holds the last compaction."""
-        grown = 2 * self._compacted_bytes
+        """:attr:`compact_at`, or, when the live records alone pass it
+        (:attr:`_compacted_bytes`), twice their size: each compaction reads and writes every
+        live file, so compacting once per doubling keeps its cost linear in the records
+        appended (and a start over a journal already compact does not compact it again).
+        Capped at the reserve while the live records leave a third of it to append in;
+        past that (files so small that their records fill the reserve: the budget bench's
+        48 KiB files) the journal may reach 1.5x the live records, over the reserve,
+        rather than compact every few records."""
+        live = self._compacted_bytes
+        grown = 2 * live
         if self.ledger_bytes:
-            grown = min(grown, max(self.ledger_bytes, self._compacted_bytes + COMPACT_MIN_BYTES))
+            grown = min(grown, max(self.ledger_bytes, live + live // 2))
         return max(self.compact_at, grown)
 
     def _compact_if_large(self) -> None:
@@ -651,7 +660,6 @@ class RootLedger(LedgerModel):
                 os.remove(tmp)
             return  # the long journal stays valid; the next acquisition tries again
         self.counters.add(compactions=1)
-        self._compacted_bytes = size
         self._sync()  # a new inode: replayed whole, the structures pruned to the live files
 
     def _snapshot(self) -> list[dict[str, Any]]:

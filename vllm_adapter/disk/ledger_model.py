@@ -103,8 +103,8 @@ class LedgerModel:
     _chunkings: dict[str, Chunking]
     _kept: dict[str, PrefixStructure]
     _compacted_bytes: int
-    """The journal's size after its last compaction (set by a subclass; :meth:`_sync` sets
-    it when another engine's compaction replaced the journal)."""
+    """About the journal's size were it compacted now: the live records' bytes, set when
+    :meth:`_sync` replays it whole (a start, a compaction, a replaced journal)."""
 
     def _reset(self) -> None:
         self._spaces: dict[str, Namespace] = {}
@@ -322,12 +322,11 @@ class LedgerModel:
             before = {p: r.ns for p, r in self._res.items()}
             events = self._events
             kept = {**self._kept, **{ns: space.structure for ns, space in self._spaces.items()}}
-            if self._inode is not None:  # another engine compacted it: as compact as that
-                self._compacted_bytes = st.st_size
             self._reset()
             self._kept = kept
             self._inode = st.st_ino
             self._replay(f, st.st_size)
+            self._compacted_bytes = sum(r.line_bytes for r in self._res.values())
         self._kept = {}
         self._events = events
         for path, ns in before.items():

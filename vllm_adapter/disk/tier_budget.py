@@ -42,7 +42,8 @@ class TierBudget:
         self.ns = os.path.relpath(namespace_dir, root)
         self.counters = ledger.counters if ledger is not None else BudgetCounters()
         self.ledger = ledger or RootLedger(root, budget, rule, self.counters,
-                                           adopt_budget=adopt_budget)
+                                           adopt_budget=adopt_budget,
+                                           chunkings={self.ns: chunking})
         self.ledger.set_chunking(self.ns, chunking)
         self._last_poll = 0.0
         self._poll_lock = threading.Lock()
