@@ -613,19 +613,16 @@ class RootLedger(LedgerModel):
         return max(COMPACT_MIN_BYTES, self.ledger_bytes // 2)
 
     def _compact_threshold(self) -> int:
-        """:attr:`compact_at`, or, when the live records alone pass it
-        (:attr:`_compacted_bytes`), twice their size: each compaction reads and writes every
-        live file, so compacting once per doubling keeps its cost linear in the records
-        appended (and a start over a journal already compact does not compact it again).
-        Capped at the reserve while the live records leave a third of it to append in;
-        past that (files so small that their records fill the reserve: the budget bench's
-        48 KiB files) the journal may reach 1.5x the live records, over the reserve,
-        rather than compact every few records."""
+        """:attr:`compact_at` (the journal's share of the reserve, half of it), or, when the
+        live records alone pass it (:attr:`_compacted_bytes`), more: each compaction reads
+        and writes every live file, so it waits until the journal has grown by half the
+        live records (its cost stays linear in the records appended, and a start over a
+        journal already compact does not compact it again).  The journal stays within its
+        share while the live records fill at most two thirds of it; past that (files so
+        small that their records fill the reserve: the budget bench's 48 KiB files) it
+        may reach 1.5x the live records rather than compact every few records."""
         live = self._compacted_bytes
-        grown = 2 * live
-        if self.ledger_bytes:
-            grown = min(grown, max(self.ledger_bytes, live + live // 2))
-        return max(self.compact_at, grown)
+        return max(self.compact_at, live + live // 2)
 
     def _compact_if_large(self) -> None:
         if self._offset > self._compact_threshold():
