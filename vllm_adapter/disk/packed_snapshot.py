@@ -46,11 +46,14 @@ A file whose keys are not all ``key bytes`` long is left out (its header is read
   is verified against its checksum whatever the path, so a stale entry never serves a
   wrong byte.
 
-**Cost**: per file 57 bytes and its name and its header's index (per section 38 bytes and
-the key): about 0.004 % of the files' bytes with 2 MiB sections.  The tier writes it only
-when it fits in an eighth of the ledger's reserve (:func:`vllm_adapter.disk.ledger.ledger_reserve`),
-which holds it inside ``disk_bytes_to_use``: sections of 4 KiB (the budget bench's
-root) need more, sections of 128 KiB and more fit.
+**Cost**: per file 57 bytes and its name (~100 bytes), per section 38 bytes and its key
+(~74): about 0.01 % of the files' bytes with 2 MiB sections.  The tier writes it only
+when it fits in an eighth of the ledger's reserve (:func:`vllm_adapter.disk.ledger.ledger_reserve`:
+1/1024 of ``disk_bytes_to_use`` up to 1 GiB of reserve), which holds it inside the budget:
+sections of 180 KiB and more always fit, the budget bench's 4 KiB sections do not (its
+start from the snapshot is what a tier with larger sections does).  A start reads it in
+one pass instead of one header per file (the times: ``reports/bench.md``, "a tier's start
+over a full root", ``conformance/bench/test_bench_budget.py``).
 """
 
 from __future__ import annotations
