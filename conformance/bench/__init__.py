@@ -276,12 +276,23 @@ TARGETS: tuple[Target, ...] = (
         0,
     ),
     Target(
+        "budget_restart",
+        "a packed tier's start over a full root (list, ledger, index) <= 2 s per 100k files, "
+        "cold page cache (issue #30)",
+        None,
+        1.0,
+        0,
+        (("index", "snapshot"),),
+    ),
+    Target(
         "budget_eviction",
-        "packed store throughput with the disk budget full (every store evicts) >= 0.9 x "
-        "with it empty (files/s, reserve + write + complete; issue #25)",
-        0.9,
+        "packed store throughput with the disk budget full (every store evicts) >= 0.95 x "
+        "with it empty (files/s, reserve + write + complete; >= 512 files of real section "
+        "sizes: DeepSeek-V4 TP4's, gemma-4's scaled; issue #30)",
+        0.95,
         None,
         0,
+        (("sizes", "real"),),
     ),
     Target(
         "gpu",

@@ -35,6 +35,7 @@ from reference.knobs import BlocksPerChunk, Chunking, resolve
 from reference.prefix_structure import PrefixStructure
 from vllm_adapter.disk import budget as DB
 from vllm_adapter.disk import packed_file as P
+from vllm_adapter.disk import packed_snapshot as PS
 from vllm_adapter.disk import tier as S
 from vllm_adapter.disk.chunk_file import QUARANTINE_DIR, TEMP_SUFFIX
 from vllm_adapter.disk.lease import LEASE_DIR
@@ -50,9 +51,12 @@ __all__ = [
     "tier_files",
 ]
 
-METADATA_FILES = frozenset({DB.LEDGER_FILE, DB.LOCK_FILE, S.GEOMETRY_FILE, "config.json"})
-"""Files under a root the budget does not cover (the module docstring of
-:mod:`vllm_adapter.disk.budget`); a ledger being compacted (``<ledger>.<pid>.compact``) neither."""
+METADATA_FILES = frozenset({DB.LEDGER_FILE, DB.LOCK_FILE, S.GEOMETRY_FILE, "config.json",
+                            PS.SNAPSHOT_FILE})
+"""Files under a root the budget does not cover as files (the module docstring of
+:mod:`vllm_adapter.disk.budget`: the ledger's reserve holds them); a ledger being compacted
+(``<ledger>.<pid>.compact``) and an index snapshot being written (``<snapshot>.<...>.tmp``)
+neither."""
 
 
 def full_attention_chunking(block_size: int, blocks_per_chunk: int) -> Chunking:
@@ -80,14 +84,14 @@ def root_bytes(root: Path | str) -> dict[str, int]:
 def budget_files(root: Path | str) -> dict[str, int]:
     """Path (relative to ``root``) -> size of every data file (the files a ledger names,
     temporary files, orphans), leaving out the ledger's own files (:data:`METADATA_FILES`,
-    the leases, a compaction's temporary journal): listed whole, then stat-ed; a file gone
-    before its stat is left out."""
+    the leases, a compaction's temporary journal) and a packed tier's index snapshot: listed
+    whole, then stat-ed; a file gone before its stat is left out."""
     listed: list[str] = []
     for dirpath, _, names in os.walk(root):
         if os.path.basename(dirpath) == LEASE_DIR:
             continue
         for name in names:
-            if name in METADATA_FILES or name.startswith(DB.LEDGER_FILE):
+            if name in METADATA_FILES or name.startswith((DB.LEDGER_FILE, PS.SNAPSHOT_FILE)):
                 continue
             listed.append(os.path.join(dirpath, name))
     sizes: dict[str, int] = {}

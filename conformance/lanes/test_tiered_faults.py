@@ -58,6 +58,7 @@ from conformance.protocol import deviations  # noqa: E402
 from conformance.protocol.trace import RequestSpec  # noqa: E402
 from vllm_adapter.disk import budget as DB  # noqa: E402
 from vllm_adapter.disk import options as TO  # noqa: E402
+from vllm_adapter.disk import packed_snapshot as PS  # noqa: E402
 from vllm_adapter.disk import tier as S  # noqa: E402
 from vllm_adapter.disk.lease import LEASE_DIR  # noqa: E402
 
@@ -377,7 +378,8 @@ def test_full_disk_drops_the_store(
     # The recomputed prompts are stored again once the limit is gone: whole files only.
     leftovers = [
         p for p in _files_on_disk(tmp_path)
-        if p.name not in ("config.json", S.GEOMETRY_FILE, *LEDGER_FILES) and p.suffix != ".bin"
+        if p.name not in ("config.json", S.GEOMETRY_FILE, PS.SNAPSHOT_FILE, *LEDGER_FILES)
+        and p.suffix != ".bin"
         and p.parent.name != LEASE_DIR
     ]
     assert not leftovers, f"partial files left behind: {leftovers[:3]}"

@@ -14,14 +14,16 @@ their recomputed chunks were stored again).
 * the packed layout's own bad input: a torn index, a section pointing past the end,
   two sections claiming one key, a header of another format version
   (:mod:`conformance.harness.packed_faults`);
-* a restart: a second engine over the root rebuilds its index from the headers and
-  is served from the first engine's files; a full disk: the store fails cleanly.
+* a restart: a second engine over the root indexes the first engine's files (from the
+  index snapshot the first wrote; garbled or missing, from their headers) and is served
+  from them; a full disk: the store fails cleanly.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,8 @@ from conformance.harness import tiered as T  # noqa: E402
 from conformance.protocol.trace import RequestSpec  # noqa: E402
 from vllm_adapter.disk import budget as DB  # noqa: E402
 from vllm_adapter.disk import packed_file as P  # noqa: E402
+from vllm_adapter.disk import packed_snapshot as PS  # noqa: E402
+from vllm_adapter.disk import tier as S  # noqa: E402
 
 pytestmark = pytest.mark.faults
 
@@ -129,25 +133,49 @@ def test_packed_index_fault_fails_only_its_keys(
 
 
 RESTART_PROMPT = tuple(range(1000, 1000 + PROMPT_LEN))
+SNAPSHOTS = {
+    "current": lambda snap: None,
+    "garbled": lambda snap: snap.write_bytes(snap.read_bytes()[:-1] + b"\0"),
+    "missing": lambda snap: snap.unlink(),
+}
+"""What the second engine finds of the index snapshot the first wrote at shutdown."""
 
 
+@pytest.mark.parametrize("snapshot", sorted(SNAPSHOTS))
 def test_packed_restart_rebuilds_the_index_and_serves_from_files(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, record_property: Any
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, record_property: Any, snapshot: str
 ) -> None:
+    """A second engine over the first's root indexes its files (from the index snapshot
+    the first wrote at shutdown, or, garbled or missing, from their headers) and serves the
+    prompt from them.  The first engine's follower writes the snapshot while it runs too
+    (``SNAPSHOT_SECONDS`` 0 here)."""
     record_property("fixture", "synthetic-full")
-    record_property("knob", "kvchunk packed fs tier, restart over the same root")
+    record_property("knob", f"kvchunk packed fs tier, restart over the same root, {snapshot} "
+                            "index snapshot")
+    monkeypatch.setattr(S, "SNAPSHOT_SECONDS", 0.0)
     first, _ = T.open_session(_driver(tmp_path, num_cpu_chunks=16), 128)
     try:
         first.add_request(RequestSpec("a", RESTART_PROMPT, max_tokens=2))
         T.run_until_idle(first)
         T.drain_files(first)
-        stored = len(SF.tier_of(first).index)
+        tier = SF.tier_of(first)
+        stored = len(tier.index)
+        snap = Path(tier.namespace_dir) / PS.SNAPSHOT_FILE
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (
+                snap.exists() and tier._snapshot_generation == tier.index.generation):
+            time.sleep(0.05)
+        running = PS.read_snapshot(str(snap), tier.io.namespace, tier.io.checksum)
     finally:
         T.shutdown(first)
     files = SF.packed_files(tmp_path)
+    assert isinstance(running, PS.Snapshot), f"the follower wrote no snapshot: {running}"
+    assert sorted(running.names) == sorted(str(f.relative_to(snap.parent)) for f in files)
+    SNAPSHOTS[snapshot](snap)
     probe = SF.PackedProbe().install(monkeypatch)
     second, runner = T.open_session(_driver(tmp_path, num_cpu_chunks=16), 128)
     try:
+        started = SF.tier_of(second).index_started
         rebuilt = len(SF.tier_of(second).index)
         second.add_request(RequestSpec("a2", RESTART_PROMPT, max_tokens=2))
         T.run_until_idle(second)
@@ -155,8 +183,15 @@ def test_packed_restart_rebuilds_the_index_and_serves_from_files(
     finally:
         T.shutdown(second)
     stats = runner.stats
-    summary = f"{stats.describe()}; {len(files)} files, {stored} keys; rebuilt {rebuilt}"
+    summary = (f"{stats.describe()}; {len(files)} files, {stored} keys; rebuilt {rebuilt}; "
+               f"{started}")
     assert files and stored > 0, summary
+    assert started is not None and started.files == len(files), summary
+    used = snapshot == "current"
+    assert (started.from_snapshot, started.from_headers) == (
+        (len(files), 0) if used else (0, len(files))), summary
+    assert started.snapshot == {"current": "used"}.get(snapshot, snapshot.replace(
+        "garbled", "damaged")), summary
     assert rebuilt == stored, f"the restarted tier did not index every stored key: {summary}"
     assert len(probe.loaded) == stored and not probe.load_failures, summary
     assert stats.corrupted_loads == 0 and stats.loaded_blocks_checked > 0, summary

@@ -16,9 +16,10 @@ quota, none ever evicts, the disk fills).
 less the ledger's reserve (:func:`~vllm_adapter.disk.ledger.ledger_reserve`: 1/128, at
 least 1 MiB, at most 1 GiB).  The reserve holds the journal (compacted while engines
 run, once it passes half the reserve; if even the compacted journal does not fit,
-files are evicted until it does), the lock and lease files (empty), the geometry files
-and the quarantine (``"bad_files": "quarantine"`` keeps at most a quarter of the reserve,
-the oldest bad file out first).
+files are evicted until it does), the lock and lease files (empty), the geometry files,
+the quarantine (``"bad_files": "quarantine"`` keeps at most a quarter of the reserve,
+the oldest bad file out first) and a packed tier's index snapshot (written only when it
+fits in an eighth of the reserve: :mod:`vllm_adapter.disk.packed_snapshot`).
 
 **Bound.**  A file's bytes are reserved (journaled) before it is written, and a victim
 is unlinked before its removal is journaled, so at every step of the store protocol,

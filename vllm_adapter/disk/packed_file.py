@@ -42,8 +42,9 @@ size and mtime (the mtime put back with ``utime``, or a write within the file
 system's timestamp granularity on a kernel without fine-grained timestamps).
 The sections are still checked against the index's checksums, so no wrong byte
 is served; damage to the header alone then goes unnoticed until its next full
-parse (a restart's index rebuild), and is harmless meanwhile: the index, not
-the header, says where the sections are.
+parse (an identity change, or a start without the index snapshot, which keeps the
+header as it was stored: :mod:`vllm_adapter.disk.packed_snapshot`), and is harmless
+meanwhile: the index, not the header, says where the sections are.
 
 **What a bad file fails** (the bad-input cases of the tiered faults lane), found
 by the full parse:
@@ -99,6 +100,7 @@ from vllm_adapter.disk.chunk_file import (
 __all__ = [
     "FORMAT_VERSION",
     "FileIdentity",
+    "HeaderIndex",
     "IndexedFile",
     "Loaded",
     "MAGIC",
@@ -112,6 +114,7 @@ __all__ = [
     "load_indexed",
     "load_packed",
     "packed_name",
+    "parse_stored_header",
     "read_packed_index",
     "store_packed",
 ]
@@ -179,6 +182,55 @@ class FileIdentity:
 
 
 @dataclass(frozen=True)
+class HeaderIndex:
+    """A packed file's header as kept outside the file (the index snapshot,
+    :mod:`vllm_adapter.disk.packed_snapshot`): its size, section count and index bytes,
+    exactly as the file holds them.  With the namespace, the checksum algorithm and the
+    header digest (the file's :class:`FileIdentity`) they give back the file's header bytes
+    (the rest of its fixed part is constant and its padding zeros), which
+    :func:`parse_stored_header` checks as a header read from the file is checked."""
+
+    header_bytes: int
+    count: int
+    index: bytes
+
+    def header(self, namespace: bytes, checksum: str, header_digest: bytes) -> bytes:
+        """The header bytes of a file of this index (``header_bytes`` of them, or fewer
+        when the index does not fit: :func:`parse_header` then refuses it)."""
+        fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, CHECKSUMS[checksum], self.header_bytes,
+                            self.count, len(self.index), namespace)
+        head = fixed + bytes(header_digest) + self.index
+        return head + bytes(max(0, self.header_bytes - len(head)))
+
+    def split(self) -> tuple[list[bytes], bytes] | None:
+        """The keys of the index's sections in order, and the entries less their keys
+        (``ENTRY_FIXED_BYTES`` each, concatenated): an index snapshot stores them
+        apart (:mod:`vllm_adapter.disk.packed_snapshot`).  None when the entries are not
+        all of one key length."""
+        index, count = self.index, self.count
+        if count == 0:
+            return ([], b"") if not index else None
+        if len(index) < 2:
+            return None
+        key_len = int.from_bytes(index[:2], "little")
+        stride = _ENTRY.size + key_len
+        if count * stride != len(index):
+            return None
+        if index[0::stride] != index[:1] * count or index[1::stride] != index[1:2] * count:
+            return None  # some entry has another key length
+        keys = [index[at : at + key_len] for at in range(_ENTRY.size, len(index), stride)]
+        entries = b"".join([index[at : at + _ENTRY.size] for at in range(0, len(index), stride)])
+        return keys, entries
+
+    @classmethod
+    def joined(cls, header_bytes: int, keys: Sequence[bytes], entries: bytes) -> HeaderIndex:
+        """The index of :meth:`split`'s parts."""
+        size = _ENTRY.size
+        index = b"".join([entries[i * size : (i + 1) * size] + key for i, key in enumerate(keys)])
+        return cls(header_bytes, len(keys), index)
+
+
+@dataclass(frozen=True)
 class PackedHeader:
     """A packed file's checked header: its sections, and the keys it cannot serve."""
 
@@ -193,6 +245,9 @@ class PackedHeader:
     """The digest the header carries (BLAKE3 of its fixed fields and index)."""
     identity: FileIdentity | None = None
     """The file this header was read from or written to (None: not known)."""
+    raw: HeaderIndex | None = None
+    """The header's size, section count and index bytes as in the file (what the index
+    snapshot keeps of it; None: not known)."""
 
     def section(self, key: bytes) -> Section | None:
         for s in self.sections:
@@ -307,7 +362,8 @@ def parse_header(
             end = s.offset + page_round(s.length)
     good = tuple(s for s in entries if s.key not in bad)
     return PackedHeader(path, size, file_bytes, good, tuple(bad.items()),
-                        bytes(head[_FIXED.size : FIXED_HEADER_BYTES]))
+                        bytes(head[_FIXED.size : FIXED_HEADER_BYTES]),
+                        raw=HeaderIndex(size, count, bytes(index)))
 
 
 def _read_head(fd: int, path: str, file_bytes: int, preadv: Preadv | None = None) -> bytes:
@@ -337,6 +393,20 @@ def _checked_header(
     header = parse_header(path, _read_head(fd, path, st.st_size, preadv), st.st_size,
                           namespace, checksum)
     return replace(header, identity=FileIdentity.of(st, header.header_digest))
+
+
+def parse_stored_header(
+    path: str, raw: HeaderIndex, identity: FileIdentity, namespace: bytes, checksum: str
+) -> PackedHeader:
+    """The checked header of a file known by its :class:`HeaderIndex` and identity (an
+    index snapshot's entry), without reading the file: the header bytes are rebuilt and
+    checked as :func:`parse_header` checks a header read from the file (its digest against
+    the identity's, the sections against the identity's size).  Whether the file still is
+    that file is each load's ``fstat`` against the identity (:func:`load_indexed`).
+    :class:`ChunkFileError` when the entry is not a header of this namespace and algorithm."""
+    header = parse_header(path, raw.header(namespace, checksum, identity.header_digest),
+                          identity.size, namespace, checksum)
+    return replace(header, identity=identity)
 
 
 def read_packed_index(
@@ -414,8 +484,11 @@ def store_packed(
         sections.append(Section(bytes(key), group_of_key(key), at, length, checksum, i))
         at += page_round(length)
     header_digest = bytes(head[_FIXED.size : FIXED_HEADER_BYTES])
+    index_len = _FIXED.unpack_from(head, 0)[5]
+    raw = HeaderIndex(size, len(sections),
+                      bytes(head[FIXED_HEADER_BYTES : FIXED_HEADER_BYTES + index_len]))
     return PackedHeader(path, size, at, tuple(sections), (), header_digest,
-                        FileIdentity.of(written[-1], header_digest))
+                        FileIdentity.of(written[-1], header_digest), raw)
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,10 @@ writes **one file per store job** (:mod:`vllm_adapter.disk.packed_file`, the lay
 :mod:`reference.packed`): the tiering manager hands the tier every key of one
 GPU->CPU store as one job, and all of them, every group, become sections of one
 file.  The packed tier answers ``lookup(key)`` from an in-memory index, key ->
-(file, section), which it rebuilds from the files' headers when it starts and a
-background thread keeps up with other engines' files (within ``POLL_SECONDS`` plus one
+(file, section), which it fills when it starts from its index snapshot (one file
+written at shutdown and every ``SNAPSHOT_SECONDS`` while the index changes, validated
+against a listing: :mod:`vllm_adapter.disk.packed_snapshot`) and the headers of the files
+the snapshot does not describe, and a background thread keeps up with other engines' files (within ``POLL_SECONDS`` plus one
 ledger replay; the lookup itself never waits on the root's lock); a key
 already in the index is not written again; a load opens each file it needs once
 and reads adjacent sections in one call, without reading the file's header when one
@@ -74,6 +76,7 @@ import json
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -110,7 +113,8 @@ from vllm_adapter.disk.options import (
     usable_root,
     where_of,
 )
-from vllm_adapter.disk.packed_io import PackedIndex
+from vllm_adapter.disk.packed_io import IndexStart, PackedIndex
+from vllm_adapter.disk.packed_snapshot import SNAPSHOT_FILE
 from vllm_adapter.disk.tier_budget import POLL_SECONDS, TierBudget, key_positions, store_files
 from vllm_adapter.files import write_text_atomic
 from vllm_adapter.spec import count_option
@@ -136,6 +140,12 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 GEOMETRY_FILE = "kvchunk-geometry.json"
+SNAPSHOT_SECONDS = 60.0
+"""A packed tier's follower writes its index snapshot this often while the index changes
+(and the tier at shutdown): a start after a crash reads the headers of the files written
+since (:mod:`vllm_adapter.disk.packed_snapshot`)."""
+SNAPSHOT_RESERVE_SHARE = 8
+"""The index snapshot takes at most this share of the ledger's reserve."""
 
 
 # ---------------------------------------------------------------------------
@@ -258,17 +268,32 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         self.started = self.budget.start(self._files_on_disk())
         """What the start did: dead writers' reservations failed, orphans removed, evictions."""
         self.index = PackedIndex()
-        """Packed layout: key -> (file, section), rebuilt from the headers here."""
+        """Packed layout: key -> (file, section), from the index snapshot and the headers of
+        the files it does not describe (:meth:`PackedIndex.start`)."""
+        self.index_started: IndexStart | None = None
+        """Packed layout: how the index was filled at start."""
+        self._snapshot_generation = -1
+        """The index's generation the snapshot on disk shows (-1: none known)."""
+        self._snapshot_at = time.monotonic()
+        self._snapshot_refused = False
+        """Whether a snapshot was too large (said once in the log)."""
         self._follow_lock = threading.Lock()
         """Serializes one ledger poll with its index update (the follower, a store)."""
         self._follow_stop = threading.Event()
         self.follower: threading.Thread | None = None
         """Packed layout: the ``kvchunk-fs-follow`` daemon thread (:meth:`lookup`)."""
         if layout == "packed":
-            files, bad = self.index.rebuild(self.namespace_dir, self.io)
-            if files or bad:
-                logger.info("kvchunk fs tier: indexed %d packed files (%d keys, %d bad) in %s",
-                            files, len(self.index), bad, self.namespace_dir)
+            begun = time.perf_counter()
+            started = self.index_started = self.index.start(self.namespace_dir, self.io)
+            if started.snapshot == "used" and not (started.from_headers or started.dropped):
+                self._snapshot_generation = self.index.generation  # the snapshot is current
+            if started.files or started.bad or started.snapshot != "missing":
+                logger.info("kvchunk fs tier: indexed %d packed files (%d keys, %d bad) in %s "
+                            "in %.2f s: %d from the index snapshot (%s, %d entries gone), %d "
+                            "from their headers", started.files, len(self.index), started.bad,
+                            self.namespace_dir, time.perf_counter() - begun,
+                            started.from_snapshot, started.snapshot, started.dropped,
+                            started.from_headers)
             self.follower = threading.Thread(
                 target=_follow_root, args=(weakref.ref(self), self._follow_stop),
                 name="kvchunk-fs-follow", daemon=True,
@@ -379,10 +404,54 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
                                self.namespace_dir, timeout)
 
     def shutdown(self) -> None:
-        """vLLM's (the lookup manager, the I/O pool), after the ledger follower stops."""
+        """vLLM's (the lookup manager, the I/O pool), after the ledger follower stops; then
+        the packed index's snapshot is written (the next start reads it instead of every
+        file's header) and the ledger closed."""
         self.stop_following()
         super().shutdown()
+        if self.layout == "packed":
+            try:
+                self.save_index_snapshot()
+            except Exception as exc:  # the next start reads the headers: slower, as correct
+                logger.warning("kvchunk fs tier: writing the index snapshot of %s failed: %s",
+                               self.namespace_dir, exc)
         self.budget.close()  # pending reads journaled, the root's lease released
+
+    def snapshot_max_bytes(self) -> int:
+        """The most bytes the index snapshot may take: an eighth of the ledger's reserve
+        (the journal compacts at half of it, the quarantine keeps a quarter), so the root
+        stays within ``disk_bytes_to_use``."""
+        return self.budget.ledger.ledger_bytes // SNAPSHOT_RESERVE_SHARE
+
+    def save_index_snapshot(self, force: bool = False) -> int | None:
+        """Packed layout: write the index snapshot
+        (:mod:`~vllm_adapter.disk.packed_snapshot`) when the index changed since the last
+        one (or ``force``); its bytes, or None when none was written (unchanged, or larger
+        than :meth:`snapshot_max_bytes`)."""
+        generation = self.index.generation
+        if generation == self._snapshot_generation and not force:
+            return None
+        self._snapshot_at = time.monotonic()
+        self._snapshot_generation = generation
+        if not self.index.files():  # nothing to describe: a start lists no file either
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(self.namespace_dir, SNAPSHOT_FILE))
+            return None
+        written = self.index.save_snapshot(self.namespace_dir, self.io,
+                                           self.snapshot_max_bytes())
+        if written is None and not self._snapshot_refused:
+            self._snapshot_refused = True
+            logger.info("kvchunk fs tier: the index snapshot of %s (%d files) would pass %d "
+                        "bytes (an eighth of the ledger's reserve): not written, the next start "
+                        "reads the files' headers", self.namespace_dir, self.index.files(),
+                        self.snapshot_max_bytes())
+        return written
+
+    def _snapshot_if_due(self) -> None:
+        """The follower's part: the index snapshot every :data:`SNAPSHOT_SECONDS` while the
+        index changes (a start after a crash reads the headers of the files since)."""
+        if time.monotonic() - self._snapshot_at >= SNAPSHOT_SECONDS:
+            self.save_index_snapshot()
 
     def submit_store(self, job_metadata: Any) -> None:
         keys = list(job_metadata.keys)
@@ -513,6 +582,7 @@ def _follow_root(tier_ref: weakref.ref[KvchunkFileTierManager], stop: threading.
             return
         try:
             tier._follow_ledger(force=True)
+            tier._snapshot_if_due()
             last_error = ""
         except Exception as exc:  # the next pass retries; lookups keep the index they have
             if repr(exc) != last_error:
