@@ -70,15 +70,17 @@ class BudgetedIndex:
         admission: bool | None = None,
         overflow: Overflow = Overflow.REFUSE,
         window_siblings: bool = False,
-        windows_apart: bool = False,
+        windows_apart: bool = True,
     ) -> None:
         """``admission``: leave out the keys that would arrive stranded (None: under the
         rule only, as the rule states); ``overflow``: what a store that does not fit after
         eviction gets (:class:`~reference.eviction.Overflow`); ``window_siblings``:
         :meth:`Disk.arrives_stranded`'s option (admission judges a pending boundary by its
         window keys too); ``windows_apart``: the packed layout writes a store's window
-        keys to a file of their own (:func:`reference.packed.store_job_files`; the layout
-        issue #31's measurements ask for, not yet the tier's: ``docs/semantics.md`` §10)."""
+        keys to a file of their own, its full-attention keys to another
+        (:func:`reference.packed.store_job_files`: the tier's layout, the default); False:
+        one file per store job, the layout before issue #31 (an ablation of
+        ``scripts/disk_ablation.py``; ``docs/semantics.md`` §10)."""
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
             raise ValueError(f"budget_bytes must be an int >= 0, got {budget_bytes!r}")
         self.key_bytes = (
@@ -168,7 +170,8 @@ class BudgetedIndex:
         return StorePlan(tuple(new), tuple(range(len(new))), victims)
 
     def _files(self, keys: Sequence[bytes]) -> list[Sequence[bytes]]:
-        """The files a store of ``keys`` writes (its layout)."""
+        """The files a store of ``keys`` writes (its layout: packed, one or two files per
+        store, :func:`~reference.packed.store_job_files`)."""
         if self.layout is Layout.PER_CHUNK:
             return [[k] for k in keys]
         if not self.windows_apart:
@@ -348,7 +351,7 @@ def miss_ratio_curve(
     admission: bool | None = None,
     overflow: Overflow = Overflow.REFUSE,
     window_siblings: bool = False,
-    windows_apart: bool = False,
+    windows_apart: bool = True,
 ) -> tuple[DiskEconomics, ...]:
     """:func:`disk_economics` at each of ``sizes`` (bytes; an int ``n``: ``n`` sizes evenly
     spaced up to the unbounded run's peak bytes, ``peak * k // n`` for ``k`` = 1..n, the
@@ -436,7 +439,7 @@ def disk_economics(
     admission: bool | None = None,
     overflow: Overflow = Overflow.REFUSE,
     window_siblings: bool = False,
-    windows_apart: bool = False,
+    windows_apart: bool = True,
 ) -> DiskEconomics:
     """Serve ``workload`` (GPU cache cold) over a disk of ``budget_bytes`` evicting by
     ``rule``: hits, files read, written and evicted, tokens recomputed for lack of space,

@@ -25,8 +25,10 @@ What it counts
   output tokens not stored under prompt-only storing).
 
 * **the packed layout** (:class:`~reference.layout_economics.LayoutEconomics`): files,
-  sections, opens and reads of one file per store job, and of one file per request
-  (the alternative unit), counted from the Planner's own store and load jobs
+  sections, opens and reads of the tier's packed files (per store job, its
+  full-attention keys in one file and its window keys in another:
+  :func:`reference.packed.store_job_files`), and of one file per request (the
+  alternative unit), counted from the Planner's own store and load jobs
   (:mod:`reference.layout_economics`).
 
 Counts are per million *prompt tokens served* (the sum of the requests' prompt
@@ -69,6 +71,7 @@ from reference.layout_economics import (
     layout_economics,
 )
 from reference.mathutil import cdiv, round_down
+from reference.packed import store_job_files
 from reference.plan import BlockRef, Planner, Policy, ScheduledRequest
 from reference.plan_inputs import ChunkIndex
 from reference.rules import (
@@ -173,7 +176,8 @@ class Economics:
     recomputed_lost_tokens: int
     load_jobs: int
     packed: LayoutEconomics
-    """One file per store job, each of its keys a section."""
+    """The tier's packed files: per store job, its full-attention keys in one file and its
+    window keys in another (:func:`reference.packed.store_job_files`), each key a section."""
     packed_per_request: LayoutEconomics
     """One file per request, all its stored keys (the alternative unit)."""
 
@@ -194,7 +198,7 @@ class Economics:
 
     @property
     def layouts(self) -> tuple[LayoutEconomics, LayoutEconomics]:
-        """The tier's two layouts: per chunk, packed (one file per store job)."""
+        """The tier's two layouts: per chunk, packed (one or two files per store job)."""
         return self.per_chunk, self.packed
 
     @property
@@ -249,7 +253,7 @@ class Tally:
     lost: int = 0
     load_jobs: int = 0
     packed: LayoutTally = field(default_factory=LayoutTally)
-    """One file per store job (the packed tier's unit)."""
+    """The packed tier's files: one or two per store job (full-attention, windows)."""
     packed_per_request: LayoutTally = field(default_factory=LayoutTally)
     """One file per request, all its stored keys (the alternative unit)."""
 
@@ -301,7 +305,8 @@ class Engine:
         self.loaded: set[bytes] = set()
         """Keys loaded in this pass (see ``Tally.read_once``)."""
         self.packed = _PackedFiles()
-        """One file per store job (kept across passes, like the files)."""
+        """The packed tier's files: one or two per store job (kept across passes, like the
+        files)."""
         self.packed_per_request = _PackedFiles()
         """One file per request (kept across passes)."""
         self._request_keys: list[bytes] = []
@@ -476,9 +481,13 @@ class Engine:
             self.planner.job_done(job_id, success=self._run_store(job_id, job))
 
     def _count_store(self, keys: Sequence[bytes], tally: Tally) -> None:
-        """One store job: a file per key (per chunk), one file for all (packed)."""
+        """One store job: a file per key (per chunk); packed, its full-attention keys in one
+        file and its window keys in another (:func:`reference.packed.store_job_files`, as
+        the tier writes them), each without the keys already on disk."""
         tally.written.update(split_key(k)[1] for k in keys)
-        tally.packed.jobs += self.packed.write(keys, tally.packed)
+        wrote = [self.packed.write(f, tally.packed)
+                 for f in store_job_files(keys, self.chunking.full_groups)]
+        tally.packed.jobs += any(wrote)
         self._request_keys.extend(keys)
 
     def _count_load(self, load: LoadJob, tally: Tally) -> None:

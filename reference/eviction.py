@@ -6,9 +6,11 @@ a given size gives are :mod:`reference.disk_economics`'s.
 The disk
     Files, each a set of chunk keys (:mod:`reference.keys`) with a size in bytes and
     a last-use time.  The *eviction unit is a file*: with the ``packed`` layout one
-    file per store (one :class:`~reference.plan.Planner` store job: the keys one
-    GPU->CPU store of one request carries in one step, every group), with the
-    ``per_chunk`` layout one file per key (vLLM's file tier).
+    or two files per store (one :class:`~reference.plan.Planner` store job: the keys
+    one GPU->CPU store of one request carries in one step, every group; its
+    full-attention keys in one file and its window keys in another,
+    :func:`reference.packed.store_job_files`), with the ``per_chunk`` layout one file
+    per key (vLLM's file tier).
 
 What the disk index records (:meth:`PrefixStructure.observe`)
     Keys alone do not say which chunk a key depends on: a key is the block hash at
@@ -115,7 +117,9 @@ class Layout(Enum):
     """What one file holds (the eviction unit)."""
 
     PACKED = "packed"
-    """Every key of one store job."""
+    """The keys of one store job: its full-attention keys, or its window keys
+    (:func:`reference.packed.store_job_files`; all of them in one file with
+    ``BudgetedIndex(windows_apart=False)``, an ablation)."""
     PER_CHUNK = "per_chunk"
     """One key."""
 

@@ -106,6 +106,12 @@ class Chunking:
         return self.geometry.tokens_per_hash
 
     @property
+    def full_groups(self) -> frozenset[int]:
+        """The full-attention groups' indexes (no window: ``window_in_chunks`` None); the
+        others are window groups (sliding, chunked-local, Mamba)."""
+        return frozenset(gc.group.index for gc in self.groups if gc.window_in_chunks is None)
+
+    @property
     def uniform_blocks_per_chunk(self) -> int | None:
         values = {gc.blocks_per_chunk for gc in self.groups}
         return values.pop() if len(values) == 1 else None

@@ -1,9 +1,10 @@
 """Per-layout file tallies: the files, sections, opens and reads a disk layout gives.
 
-The packed layout (:data:`PACKED`) is a tier that writes one file per store job, each
-key of the job a section in job order (a job with no new key writes nothing), counted
-from the Planner's own store and load jobs (:class:`reference.economics.Engine` feeds
-them to :class:`_PackedFiles`): files and sections written; per load job, the files it
+The packed layout (:data:`PACKED`) is a tier that writes one or two files per store
+job, its full-attention keys in one and its window keys in the other
+(:func:`reference.packed.store_job_files`), each key a section in job order (a file with
+no new key is not written), counted from the Planner's own store and load jobs
+(:class:`reference.economics.Engine` feeds them to :class:`_PackedFiles`): files and sections written; per load job, the files it
 opens (distinct files among its keys), the sections it reads and its reads (maximal
 runs of adjacent sections of one file).  The same counts for one file per *request*
 (:data:`PACKED_PER_REQUEST`, all its stored keys) are kept as the alternative unit.
@@ -53,7 +54,7 @@ class LayoutEconomics:
     """One disk layout's files, sections, opens and reads for a pass (totals).
 
     A *file* is what the tier creates (per chunk: one key; packed: one store job's
-    keys); an *open* is a file a load job reads from (per load job, the distinct
+    full-attention keys, or its window keys); an *open* is a file a load job reads from (per load job, the distinct
     files among its keys); a *read* is one maximal run of adjacent sections of one
     file that a load job asks for (:func:`reference.packed.read_runs`).  ``*_once``:
     only keys not loaded before in the pass (a CPU tier that keeps what it
@@ -62,7 +63,7 @@ class LayoutEconomics:
     """
 
     layout: str
-    """:data:`PER_CHUNK`, :data:`PACKED` (one file per store job) or
+    """:data:`PER_CHUNK`, :data:`PACKED` (one or two files per store job) or
     :data:`PACKED_PER_REQUEST` (one file per request)."""
     files: tuple[tuple[Sections, int], ...]
     """Each file's sections, and how many files have them."""

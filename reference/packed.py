@@ -1,15 +1,18 @@
-"""The packed file layout: one file per store job, every key of the job a section.
+"""The packed file layout: a store job's keys in one or two files, every key a section.
 
 vLLM's file tier writes one file per chunk per KV-cache group.  kvchunk's
-packed layout writes **one file per store job** the tiering manager hands the
-tier (one GPU->CPU store of one request: every key it stored, all groups), so a
-workload writes as many files as store jobs, not as many as chunk keys, at the
-same chunk size.  This module is the layout's definition; the tier
-(``vllm_adapter.disk.packed_file``) writes and reads exactly these bytes, and the
-economics (:mod:`reference.economics`) count files, sections and reads with it.
-:func:`store_job_files` splits a job into a full-attention file and a window file: the
-variant issue #31's measurements ask for (``docs/semantics.md`` section 10), measured in
-the reference's disk model (``BudgetedIndex(windows_apart=True)``), not yet the tier's.
+packed layout writes the keys of one **store job** the tiering manager hands the
+tier (one GPU->CPU store of one request: every key it stored, all groups) as the
+sections of at most two files (:func:`store_job_files`): its full-attention keys in
+one, its window keys (the groups with a window: sliding, chunked-local, Mamba) in the
+other, and a job with keys of one kind only in one file.  A workload writes one or
+two files per store job, not one per chunk key, at the same chunk size.  The window
+keys go apart so that the eviction rule can evict the window file of a boundary a
+prefix went on past while the full-attention file, the prefix of deeper boundaries,
+stays (issue #31; ``docs/semantics.md`` section 10).  This module is the layout's
+definition; the tier (``vllm_adapter.disk.packed_file``, ``vllm_adapter.disk.tier``)
+writes and reads exactly these bytes, and the economics (:mod:`reference.economics`,
+:mod:`reference.disk_economics`) count files, sections and reads with it.
 
 A packed file is::
 
@@ -24,8 +27,8 @@ A packed file is::
   section (:data:`ENTRY_FIXED_BYTES` plus the key): the key, its group, the
   section's offset and length, and the payload's checksum.
 * Every section starts on a page boundary, so ``O_DIRECT`` reads land whole
-  sections into page-aligned memory, and sections follow each other in job order:
-  group-major, each group's chunks in prefix order (the Planner's store job; a tier
+  sections into page-aligned memory, and a file's sections follow each other in job
+  order: group-major, each group's chunks in prefix order (the Planner's store job; a tier
   handed the keys in another order, as vLLM 0.33.0's set, writes them in this one).
 * A load reads the sections it needs and nothing else; sections adjacent in the
   file and wanted by the same load are one read (:func:`read_runs`).
@@ -64,8 +67,8 @@ ENTRY_FIXED_BYTES = 2 + 4 + 8 + 8 + DIGEST_BYTES
 
 def store_job_files(keys: Sequence[bytes], full_groups: Collection[int]) -> tuple[tuple[bytes, ...], ...]:
     """The packed files one store job of ``keys`` writes: its keys of ``full_groups`` (the
-    full-attention groups), then its other keys (window groups), each in job order; a kind
-    the job lacks writes no file."""
+    full-attention groups, :attr:`reference.knobs.Chunking.full_groups`), then its other
+    keys (window groups), each in job order; a kind the job lacks writes no file."""
     full = tuple(k for k in keys if split_key(k)[1] in full_groups)
     windows = tuple(k for k in keys if split_key(k)[1] not in full_groups)
     return tuple(f for f in (full, windows) if f)

@@ -76,9 +76,7 @@ class PrefixStructure:
                         "rule models full-attention and windowed groups only"
                     )
             self.alignment = chunking.alignment_tokens
-            self.full_groups = frozenset(
-                gc.group.index for gc in chunking.groups if gc.window_in_chunks is None
-            )
+            self.full_groups = chunking.full_groups
         self.parent: dict[bytes, bytes | None] = {}
         """Full-attention key -> the key of the chunk before it in its prefix (None: chunk 0)."""
         self.children: dict[bytes, set[bytes]] = {}

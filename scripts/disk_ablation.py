@@ -7,10 +7,11 @@ scaled workload (:func:`reference.disk_economics.scaled`, GPU cache cold, no CPU
 
 * eviction {the rule, plain LRU} x admission {on, off} x a store that does not fit {refused
   whole, the longest prefix-closed head admitted} (the index's options), on the packed
-  layout as the tier writes it (one file per store job);
+  layout as the tier writes it (per store job, its full-attention keys in one file and its
+  window keys in another: ``reference.packed.store_job_files``, ``windows_apart``);
 * the rule without its first step (passed boundaries' window files first: recency only);
-* both rules with each store's window keys in a file of their own (``windows_apart``), and
-  on one file per key (``per_chunk``); and the rule as it was before #31 (recency only);
+* both rules on the layout before #31, one file per store job (``windows_apart=False``),
+  and on one file per key (``per_chunk``);
 
 and print, per variant: the hit rate, stores refused, keys dropped by admission, stores cut
 to a head, tokens recomputed for lack of space (per million prompt tokens), bytes stranded
@@ -26,8 +27,8 @@ Run (vLLM 0.34.0's environment: the CLI derives each model's chunking and key si
 ``--point N`` picks another curve point (1-8), ``--workload chat`` another workload,
 ``--model gemma`` or ``--model dsv4`` one model.  ``--curves``: instead, the hit rates of the
 rule and of LRU at the 8 points of both workloads' curves (chat and agentic), packed as
-``--sweep-disk`` runs them, beside the rule without its first step and both with windows
-apart (``reports/disk-curves.md`` is this output).
+``--sweep-disk`` runs them (the tier's layout, windows apart), beside the rule without its
+first step and both on one file per store job (``reports/disk-curves.md`` is this output).
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def serve(chunking: Chunking, big: Workload, policy: Policy, key_bytes: dict[int
         chunking, key_bytes, size, rule, layout, policy.window, **options)
     engine = _start(chunking, policy, big.max_num_batched_tokens, index)
     span = {gc.group.index: gc.tokens_per_chunk for gc in chunking.groups}
-    full = {gc.group.index for gc in chunking.groups if gc.window_in_chunks is None}
+    full = chunking.full_groups
     was_stranded: set[bytes] = set()
     reconnected = 0
     load = index.prepare_load
@@ -181,7 +182,8 @@ def table(name: str, chunking: Chunking, workload: Workload, policy: Policy,
     for rule in EvictionRule:
         short = "rule" if rule is EvictionRule.REACHABLE else "LRU"
         rows.append(serve(chunking, big, policy, key_bytes, size, served,
-                          f"{short}, windows in a file of their own", rule, windows_apart=True))
+                          f"{short}, one file per store job (before #31)", rule,
+                          windows_apart=False))
         rows.append(serve(chunking, big, policy, key_bytes, size, served,
                           f"{short}, one file per key (per_chunk)", rule, Layout.PER_CHUNK))
     gib = 2**30
@@ -204,9 +206,9 @@ def table(name: str, chunking: Chunking, workload: Workload, policy: Policy,
 def curves(name: str, chunking: Chunking, workload: Workload, policy: Policy,
            key_bytes: dict[int, int]) -> str:
     """The rule's and LRU's hit rates at the 8 points of a ``--sweep-disk`` curve, on the
-    packed layout as the tier writes it (one file per store job) and with windows apart
-    (``store_job_files``: a full-attention and a window file per job), beside the rule
-    without its first step; the rule's stranded bytes."""
+    packed layout as the tier writes it (windows apart, ``store_job_files``: a
+    full-attention and a window file per job) and on one file per store job (the layout
+    before #31), beside the rule without its first step; the rule's stranded bytes."""
     from reference import disk_economics
 
     big = scaled(workload)
@@ -214,8 +216,8 @@ def curves(name: str, chunking: Chunking, workload: Workload, policy: Policy,
                             policy)
     sizes = [e.budget_bytes or 0 for e in rule]
     lru = miss_ratio_curve(chunking, big, sizes, EvictionRule.LRU, key_bytes, Layout.PACKED, policy)
-    apart = {r: miss_ratio_curve(chunking, big, sizes, r, key_bytes, Layout.PACKED, policy,
-                                 windows_apart=True) for r in EvictionRule}
+    joined = {r: miss_ratio_curve(chunking, big, sizes, r, key_bytes, Layout.PACKED, policy,
+                                  windows_apart=False) for r in EvictionRule}
     real = disk_economics.BudgetedIndex
     disk_economics.BudgetedIndex = RecencyOnlyIndex  # type: ignore[misc]
     try:
@@ -226,18 +228,19 @@ def curves(name: str, chunking: Chunking, workload: Workload, policy: Policy,
     out = [
         f"### {name}: {big.name}",
         "",
-        "| disk | rule | LRU | rule - LRU | rule, recency only | apart: rule | apart: LRU | "
-        "apart: rule - LRU | apart: rule - LRU one file per job | stranded (rule, apart: rule) |",
+        "| disk | rule | LRU | rule - LRU | rule, recency only | one file per job: rule | "
+        "one file per job: LRU | one file per job: rule - LRU | rule - LRU one file per job | "
+        "stranded (rule, one file per job: rule) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for i, size in enumerate(sizes):
         r, lr = rule[i], lru[i]
-        ar, al = apart[EvictionRule.REACHABLE][i], apart[EvictionRule.LRU][i]
+        jr, jl = joined[EvictionRule.REACHABLE][i], joined[EvictionRule.LRU][i]
         out.append(
             f"| {size / 2**30:.2f} GiB | {r.hit_rate:.1%} | {lr.hit_rate:.1%} | "
             f"{100 * (r.hit_rate - lr.hit_rate):+.1f} | {recency[i].hit_rate:.1%} | "
-            f"{ar.hit_rate:.1%} | {al.hit_rate:.1%} | {100 * (ar.hit_rate - al.hit_rate):+.1f} | "
-            f"{100 * (ar.hit_rate - lr.hit_rate):+.1f} | {r.stranded_bytes}, {ar.stranded_bytes} |")
+            f"{jr.hit_rate:.1%} | {jl.hit_rate:.1%} | {100 * (jr.hit_rate - jl.hit_rate):+.1f} | "
+            f"{100 * (r.hit_rate - jl.hit_rate):+.1f} | {r.stranded_bytes}, {jr.stranded_bytes} |")
     return "\n".join(out)
 
 
@@ -252,12 +255,13 @@ def main() -> None:
         print("# The eviction rule against plain LRU on the `--sweep-disk` curves\n\n"
               "Generated by `KVCHUNK_VLLM=0.34.0 HF_HUB_OFFLINE=1 .nox/tests-vllm-0-34-0/bin/python "
               "scripts/disk_ablation.py --curves` (`block_size` 512, packed layout as the tier "
-              "writes it today (one file per store job), no CPU tier, GPU cache cold; hit rate = "
-              "prompt tokens served from disk). `rule, recency only`: the rule without its "
-              "first step (passed boundaries' window files first). `apart`: each store job's "
-              "window keys in a file of their own (`reference.packed.store_job_files`, "
-              "`BudgetedIndex(windows_apart=True)`), not yet the tier's layout. `stranded`: "
-              "the rule's bytes no lookup can load, at the end.\n")
+              "writes it: each store job's full-attention keys in one file and its window keys "
+              "in another (`reference.packed.store_job_files`, `BudgetedIndex(windows_apart="
+              "True)`), no CPU tier, GPU cache cold; hit rate = prompt tokens served from disk). "
+              "`rule, recency only`: the rule without its first step (passed boundaries' window "
+              "files first). `one file per job`: every key of a store job in one file "
+              "(`BudgetedIndex(windows_apart=False)`), the tier's layout before issue #31. "
+              "`stranded`: the rule's bytes no lookup can load, at the end.\n")
     for name in args.model or sorted(MODELS, reverse=True):
         model, tp = MODELS[name]
         if args.curves:

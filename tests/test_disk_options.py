@@ -2,9 +2,10 @@
 
 * ``disk_bytes_to_use`` takes what the CLI's ``--disk-bytes`` takes (``"800GB"``,
   ``"4GiB"``, digits, ints): one parser, :func:`vllm_adapter.units.parse_bytes`.
-* A budget below the file one chunk needs is refused when the tier is built, naming that
-  size: per chunk, one chunk file; packed, one file of one section per offloaded KV-cache
-  group (:func:`vllm_adapter.disk.budget.min_disk_bytes`).
+* A budget below the files one chunk needs is refused when the tier is built, naming that
+  size: per chunk, one chunk file; packed, one section per offloaded KV-cache group, the
+  full-attention groups' in one file and the window groups' in another, reserved together
+  (:func:`vllm_adapter.disk.budget.min_disk_bytes`).
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ def test_the_tier_config_keeps_the_parsed_bytes(tmp_path: Path) -> None:
 @pytest.mark.parametrize("row", [4096, 16384, 3 * 4096 + 1])
 def test_min_disk_bytes_is_the_file_one_full_chunk_needs(groups: int, row: int) -> None:
     packed = DB.min_disk_bytes("packed", row, groups, HEADER_SIZE)
+    assert packed == DB.min_disk_bytes("packed", row, groups, HEADER_SIZE, full_groups=groups)
     assert packed == RP.packed_file_bytes([row] * groups, [DB.VLLM_KEY_BYTES] * groups)
     assert packed == RP.header_bytes([36] * groups) + groups * RP.page_round(row)
     # One section per group: more than the one-section file the tier used to require.
@@ -129,6 +131,24 @@ def test_min_disk_bytes_is_the_file_one_full_chunk_needs(groups: int, row: int) 
         assert packed > RP.packed_file_bytes([row], [36])
     # Per chunk: one chunk file, whatever the group count.
     assert DB.min_disk_bytes("per_chunk", row, groups, HEADER_SIZE) == HEADER_SIZE + row
+
+
+@pytest.mark.parametrize("groups", [2, 6, 60])
+@pytest.mark.parametrize("row", [4096, 3 * 4096 + 1])
+def test_min_disk_bytes_with_windows_is_two_files(groups: int, row: int) -> None:
+    """A chunk's store job with windows writes its full-attention sections and its window
+    sections in two files (each its own header), reserved together; window groups alone,
+    one file."""
+    for full in (1, groups - 1):
+        got = DB.min_disk_bytes("packed", row, groups, HEADER_SIZE, full_groups=full)
+        assert got == (RP.header_bytes([36] * full) + RP.header_bytes([36] * (groups - full))
+                       + groups * RP.page_round(row))
+        if groups < 50:  # both headers fit a page: one page more than a single file
+            assert got == DB.min_disk_bytes("packed", row, groups, HEADER_SIZE) + 4096
+    assert DB.min_disk_bytes("packed", row, groups, HEADER_SIZE, full_groups=0) == (
+        DB.min_disk_bytes("packed", row, groups, HEADER_SIZE))
+    with pytest.raises(ValueError, match="full_groups"):
+        DB.min_disk_bytes("packed", row, groups, HEADER_SIZE, full_groups=groups + 1)
 
 
 def test_vllms_offload_keys_are_36_bytes() -> None:
@@ -165,7 +185,9 @@ def _smallest(layout: str) -> tuple[int, int]:
     """(the smallest budget, the row) of :func:`_spec`'s tier: computed here, not by the tier."""
     row = 16384  # kv_bytes_per_chunk of full_swa_kv_cache_config at 2 blocks per chunk
     if layout == "packed":
-        return RP.packed_file_bytes([row, row], [36, 36]), row
+        # A full chunk's store job: the full-attention section in one file, the sliding
+        # window's in another, each a page of header and its page-rounded row, reserved together.
+        return 2 * (4096 + row), row
     return HEADER_SIZE + row, row
 
 
@@ -189,8 +211,9 @@ def test_a_budget_below_the_file_one_chunk_needs_is_refused_when_the_tier_is_bui
     try:
         (tier,) = manager.secondary_tiers
         assert tier.budget.budget == smallest
-        if layout == "packed":  # what the tier reserves for a full chunk's store
-            assert tier._file_bytes([b"\0" * 36, b"\1" * 36]) == smallest
+        if layout == "packed":  # what the tier reserves for a full chunk's store: two files
+            assert tier._file_bytes([b"\0" * 36]) + tier._file_bytes([b"\1" * 36]) == smallest
+            assert tier.budget.chunking.full_groups == {0}
     finally:
         manager.shutdown()
 

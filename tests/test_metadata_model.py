@@ -9,14 +9,18 @@ of kvchunk's ledger), not imported, and the totals recomputed from
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
-from reference.economics import economics
+from conformance.harness.tables import DSV4_TP4, GEMMA4_TP2
+from reference.economics import Engine, Tally, economics, hashed, summarize
 from reference.geometry import Geometry, GroupKind, KVGroup
-from reference.knobs import BlocksPerChunk, resolve
+from reference.keys import split_key
+from reference.knobs import BlockSize, BlocksPerChunk, resolve
 from reference.plan import Policy
-from reference.workload import preset
+from reference.workload import preset, requests
 from vllm_adapter import metadata_model as M
 
 # Per event, by kind: (created, opened, renamed, unlinked, makedirs, lookups, root lock,
@@ -97,8 +101,10 @@ def test_both_layouts_are_the_reference_counts_times_the_per_event_costs() -> No
          + e.requests * len(e.groups) * p) * per_million
         for s, r, p in zip(VLLM_STORE, VLLM_LOAD, VLLM_MISS, strict=True)
     ]
-    jobs = e.packed.jobs_written  # a job writes one file
-    assert 0 < jobs == e.packed.files_written
+    # A job writes a file of its full-attention keys and one of its window keys (one when it
+    # holds one kind): more files than jobs here, at most two per job.
+    jobs = e.packed.jobs_written
+    assert 0 < jobs < e.packed.files_written <= 2 * jobs
     want_packed = [
         (e.packed.files_written * f + jobs * t + e.packed.file_opens * r + e.load_jobs * j)
         * per_million
@@ -136,3 +142,56 @@ def test_without_a_prefill_rate_only_the_counts() -> None:
         assert row.ops_per_million > 0
         assert (row.ops_per_second, row.engines, row.ops_per_second_per_engine_at_engines) == (
             None, None, None)
+
+
+class _JobRecorder(Engine):
+    """The economics' engine, keeping each store job's keys not stored before (what the
+    tier writes: a key already on disk is not written again)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.jobs: list[list[bytes]] = []
+        self._stored: set[bytes] = set()
+
+    def _count_store(self, keys: Sequence[bytes], tally: Tally) -> None:
+        super()._count_store(keys, tally)
+        new = [k for k in dict.fromkeys(keys) if k not in self._stored]
+        self._stored.update(new)
+        if new:
+            self.jobs.append(new)
+
+
+@pytest.mark.parametrize(("geometry", "full"), [(GEMMA4_TP2, {5}), (DSV4_TP4, {2})],
+                         ids=["gemma-4", "dsv4"])
+def test_a_store_job_holding_windows_writes_two_files(geometry: Geometry, full: set[int]) -> None:
+    """The packed tier writes a store job's full-attention keys in one file and its window
+    keys in another (``reference.packed.store_job_files``), so on the two hybrid models at
+    ``block_size`` 512 the files written are one per job and kind of key it holds: more
+    than the jobs, at most twice; the metadata model prices a file per file and two ledger
+    transactions per job."""
+    chunking = resolve(geometry, BlockSize(512))
+    assert {gc.group.index for gc in chunking.groups if gc.window_in_chunks is None} == full
+    workload = preset("agentic")
+    engine = _JobRecorder(chunking, Policy(), workload.max_num_batched_tokens)
+    engine.gpu_cache = workload.gpu_cache
+    for req, chain in hashed(list(requests(workload)), chunking.tokens_per_hash):
+        engine.serve(req, chain)
+    e = summarize(workload.name, chunking, engine.tally)
+    jobs = engine.jobs
+    kinds = [(any(split_key(k)[1] in full for k in job), any(split_key(k)[1] not in full
+                                                             for k in job)) for job in jobs]
+    want_files = sum(a + b for a, b in kinds)
+    assert e.packed.jobs_written == len(jobs)
+    assert e.packed.files_written == want_files
+    assert len(jobs) < want_files <= 2 * len(jobs)
+    assert any(a and b for a, b in kinds), "no job held both kinds: the case tests nothing"
+    # Every file holds one kind of key, each key one section.
+    for sections, _ in e.packed.files:
+        assert len({g in full for g, _ in sections}) == 1, sections
+    assert e.packed.sections_written == e.per_chunk.files_written == sum(len(j) for j in jobs)
+    m = M.metadata_economics(e)
+    per_million = 1e6 / e.prompt_tokens
+    packed = m.layouts[1]
+    assert packed.created_per_million == pytest.approx(want_files * per_million)
+    assert packed.renamed_per_million == pytest.approx(want_files * per_million)
+    assert packed.ledger_locks_per_million == pytest.approx(len(jobs) * 2 * 5 * per_million)

@@ -75,7 +75,8 @@ class LayoutTraffic:
     """
 
     layout: str
-    """``per_chunk``, ``packed`` (one file per store job) or ``packed_per_request``."""
+    """``per_chunk``, ``packed`` (one or two files per store job: its full-attention keys,
+    its window keys) or ``packed_per_request``."""
     files_written_per_million: float
     sections_written_per_million: float
     """Keys written (per chunk: one per file)."""
@@ -122,8 +123,8 @@ class Traffic:
     recomputed_per_million: float
     disk: tuple[DiskTimeRow, ...]
     layouts: tuple[LayoutTraffic, ...]
-    """The tier's layouts side by side: ``per_chunk`` then ``packed`` (one file per store
-    job)."""
+    """The tier's layouts side by side: ``per_chunk`` then ``packed`` (one or two files per
+    store job)."""
     packed_per_request: LayoutTraffic
     """One file per request (reference only: the alternative packing unit)."""
 

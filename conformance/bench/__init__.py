@@ -61,7 +61,8 @@ The benchmarks (``conformance/bench/test_*.py``; each records its numbers in
     (hypothesis draw, vLLM run, reference replay, comparison) and the oracle
     alone, vs vLLM's run of the same examples.  Informational.
 ``packed``
-    kvchunk's packed file tier (one file per store job) vs vLLM's per-chunk fs tier
+    kvchunk's packed file tier (per store job a file of its full-attention keys and one
+    of its window keys) vs vLLM's per-chunk fs tier
     on the store and load jobs of the ``chat`` and ``agentic`` presets at
     ``block_size`` 512 (``conformance/bench/test_bench_packed.py``): files written,
     file opens for reads and bytes written (exact ratios; targets <= 1/4, <= 1/2,

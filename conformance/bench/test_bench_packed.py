@@ -15,8 +15,10 @@ directory supports it, the page cache dropped before every read pass:
 * **per chunk** (vLLM's fs tier): every key one file named by vLLM's ``FileMapper``,
   written and read by vLLM's ``batch_store_block`` / ``batch_load_block``, one pool
   task per job;
-* **packed** (kvchunk's tier): one file per store job
-  (:func:`vllm_adapter.disk.packed_io.store_packed_file`, every key a checksummed section), and
+* **packed** (kvchunk's tier): per store job a file of its full-attention keys and one of
+  its window keys (:func:`reference.packed.store_job_files`; one pool task per job, as
+  ``KvchunkFileTierManager``; :func:`vllm_adapter.disk.packed_io.store_packed_file`, every key
+  a checksummed section), and
   per load job one :func:`~vllm_adapter.disk.packed_file.load_packed` per distinct file
   (:func:`vllm_adapter.disk.packed_io.load_packed_files` over a :class:`PackedIndex`).
 
@@ -83,6 +85,7 @@ from conformance.bench import (
 from conformance.bench import metafs as M
 from conformance.testing.requires import require_vllm
 from reference import economics as E
+from reference import packed as RP
 from reference.jobs import LoadJob
 from reference.keys import split_key
 from reference.mathutil import round_down
@@ -121,6 +124,8 @@ class WorkloadJobs:
     """The per-chunk tier's real file (one CPU-tier row)."""
     stores: tuple[tuple[bytes, ...], ...]
     """Each store job's keys not stored before, in order (jobs with none dropped)."""
+    full_groups: frozenset[int]
+    """The chunking's full-attention groups (:attr:`reference.knobs.Chunking.full_groups`)."""
     loads: tuple[tuple[bytes, ...], ...]
     recomputed_tokens: int
 
@@ -180,7 +185,7 @@ def workload_jobs(geometry: str, workload: str) -> WorkloadJobs:
     t = engine.tally
     return WorkloadJobs(
         geometry, workload, len(reqs), sum(len(r.prompt) for r in reqs), blocks, file_bytes,
-        tuple(engine.stores), tuple(engine.loads), t.tail + t.lost,
+        tuple(engine.stores), chunking.full_groups, tuple(engine.loads), t.tail + t.lost,
     )
 
 
@@ -287,11 +292,14 @@ class PackedCase:
     # -- packed: kvchunk's tier ---------------------------------------------
 
     def _store_one(self, job: Sequence[bytes]) -> None:
-        path = P.packed_name(self.packed_dir, job)
-        sections = PIO.store_packed_file(
-            path, job, self.view, self.offsets(job), self.row_bytes, self.io
-        )
-        self.index.add(path, sections)
+        """One store job: its files (:func:`reference.packed.store_job_files`), one after
+        the other, as the tier's store task writes them."""
+        for keys in RP.store_job_files(job, self.jobs.full_groups):
+            path = P.packed_name(self.packed_dir, keys)
+            sections = PIO.store_packed_file(
+                path, keys, self.view, self.offsets(keys), self.row_bytes, self.io
+            )
+            self.index.add(path, sections)
 
     def packed_store(self) -> None:
         self._run(self.pool.enqueue_store, [
@@ -387,11 +395,15 @@ def test_packed_counts(benchmark: Any, geometry: str, workload: str, kind: str) 
     counts = benchmark.pedantic(measured_counts, (geometry, workload), rounds=1, iterations=1)
     jobs = workload_jobs(geometry, workload)
     # What must hold for any correct tier: vLLM's writes one file per stored key and the
-    # packed one a file per store job; every key is stored, so neither writes fewer bytes
-    # than its payloads.
+    # packed one a file per kind of key (full attention, windows) a store job holds; every
+    # key is stored, so neither writes fewer bytes than its payloads.
     keys = sum(len(job) for job in jobs.stores)
+    full = jobs.full_groups
+    kinds = sum(any(split_key(k)[1] in full for k in job)
+                + any(split_key(k)[1] not in full for k in job) for job in jobs.stores)
     assert counts["per_chunk_files_written"] == keys
-    assert counts["packed_files_written"] == len(jobs.stores)
+    assert counts["packed_files_written"] == kinds
+    assert len(jobs.stores) <= kinds <= 2 * len(jobs.stores)
     assert min(counts["per_chunk_bytes_written"], counts["packed_bytes_written"]) >= (
         keys * counts["row_bytes"])
     packed, chunk = counts[kind], counts[kind.replace("packed_", "per_chunk_")]

@@ -12,8 +12,9 @@ drives a secondary tier:
 * **stores**: a key the CPU tier does not hold is stored there (the Planner's store
   job); when the job completes, the same keys are cascaded to the disk as one store
   (:meth:`BudgetedIndex.prepare_store`: keys already on disk left out, keys that would
-  arrive stranded left out under the rule, one packed file, evicting by the rule
-  first, refused when nothing evictable makes it fit), completed at once
+  arrive stranded left out under the rule, a packed file of its full-attention keys and
+  one of its window keys (:func:`reference.packed.store_job_files`), evicting by the
+  rule first, refused when nothing evictable makes it fit), completed at once
   (:meth:`BudgetedIndex.complete_store`).  Stores reserve in job order, each one
   written before the next reserves (a file being written cannot be evicted: stores
   that overlap are not modelled).
@@ -29,8 +30,8 @@ drives a secondary tier:
   the promotion (a secondary-to-primary load job, batched per request and step) and
   answers HIT_PENDING, before the connector has asked the other groups.  So a
   full-attention chunk whose boundary's window chunks are gone is read although the
-  windows cut the hit (issue #31's windows-apart layout keeps such a chunk as the
-  prefix of a deeper boundary).  The promotions a lookup starts land before the next
+  windows cut the hit (the windows-apart layout keeps such a chunk as the prefix of a
+  deeper boundary).  The promotions a lookup starts land before the next
   step (:meth:`TieredIndex.finish_promotions`: a read per distinct file of the batch,
   use times refreshed; the keys are then held by the CPU tier).  A lookup whose hit
   needs a chunk being promoted is deferred and asked again once they landed
@@ -50,7 +51,8 @@ drives a secondary tier:
   (rewritten if it was evicted).
 * **sizes**: a packed file of ``n`` keys is :func:`reference.packed.packed_file_bytes`
   of ``n`` sections of one CPU-tier row (:func:`reference.geometry.cpu_row_bytes`) and
-  the keys' lengths: the header and the page-rounded sections.
+  the keys' lengths: the header and the page-rounded sections (each of a store's two
+  files its own header).
 * **structure**: the disk's :class:`~reference.prefix_structure.PrefixStructure` is
   fed each request's whole hash chain (prompt and output) before its lookup.
 
@@ -98,7 +100,9 @@ class ChunkedPrefillDisk(Disk):
 
 
 class PackedBudgetedIndex(BudgetedIndex):
-    """:class:`BudgetedIndex` (packed layout) whose files are sized as packed files
+    """:class:`BudgetedIndex` (packed layout, windows apart as the tier writes them: a
+    store's full-attention keys in one file, its window keys in another) whose files are
+    sized as packed files
     (:func:`packed_file_bytes` of one ``row_bytes`` section per key: the index's own
     ``_size`` sums a size per key, without the packed header), over a
     :class:`ChunkedPrefillDisk` (``pending_windows``: the Planner, in ``budget``-token

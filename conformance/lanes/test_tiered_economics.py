@@ -20,7 +20,8 @@ large here, keeps what it promoted).  Tiers are large enough that nothing is
 refused: capacity effects are not part of this comparison.
 
 The same passes run through kvchunk's tier (``KvchunkTieringOffloadingSpec``)
-with the **packed** layout (one file per store job, each key a section): the
+with the **packed** layout (per store job a file of its full-attention keys and one of
+its window keys, each key a section): the
 packed files and sections on disk (per group), and pass 2's file opens and
 sections loaded, must equal what :mod:`reference.economics` counts from its own
 store and load jobs (read-once: the CPU tier keeps what it promoted), and so must
@@ -289,7 +290,7 @@ def _with_retention(case: EconomicsCase, root: Path, spec: dict[str, Any] | None
 
 
 # ---------------------------------------------------------------------------
-# kvchunk's tier, packed layout: one file per store job
+# kvchunk's tier, packed layout: one or two files per store job (full attention, windows)
 # ---------------------------------------------------------------------------
 
 

@@ -1,8 +1,8 @@
 """Tiered lane, eviction economics: a budgeted packed tier evicts, keeps, reads and makes
 recompute exactly what the reference predicts.
 
-kvchunk's file tier (``KvchunkTieringOffloadingSpec``, ``layout: packed``, one file per
-store job) enforces ``disk_bytes_to_use`` per root with the eviction rule of
+kvchunk's file tier (``KvchunkTieringOffloadingSpec``, ``layout: packed``, per store job
+a file of its full-attention keys and one of its window keys) enforces ``disk_bytes_to_use`` per root with the eviction rule of
 :mod:`reference.eviction` (``eviction: reachable``; :mod:`vllm_adapter.disk.budget`).
 Here a workload (:mod:`reference.workload`) runs through vLLM's real scheduler,
 connector and tiering manager over that tier, on the gemma-4-31B-it TP2 and
@@ -38,7 +38,8 @@ states it in full): the reference's :class:`~reference.economics.Engine` and
 :class:`~reference.plan.Planner`, over an unbounded CPU tier in front of a
 :class:`~reference.disk_economics.BudgetedIndex` (packed layout, the rule "reachable"), in
 vLLM's tiering order: a store job's keys new to the CPU tier are cascaded to the disk
-when the job completes, in job order, one packed file each; in pass 1 the CPU tier
+when the job completes, in job order, each a packed file of its full-attention keys and
+one of its window keys (:func:`reference.packed.store_job_files`); in pass 1 the CPU tier
 serves every reuse, so the disk takes stores (and evicts for them) and is never hit
 nor read; in pass 2 the CPU tier starts empty, the disk is looked up (a hit refreshes
 its file) and read for the keys a load job takes from it (a read per distinct file,

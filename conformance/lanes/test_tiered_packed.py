@@ -1,4 +1,4 @@
-"""Faults lane, tiered, packed layout: kvchunk's file tier writing one file per store job.
+"""Faults lane, tiered, packed layout: kvchunk's file tier writing packed files per store job.
 
 The same small synthetic full-attention model and round trip as
 ``conformance/lanes/test_tiered_faults.py`` (two 200-token prompts stored, GPU cache

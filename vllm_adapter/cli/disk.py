@@ -4,7 +4,8 @@ The workload is scaled to about a million prompt tokens of sessions over time
 (:func:`reference.disk_economics.scaled`: sessions turn by turn round-robin, GPU cache cold,
 so every reused token must come from the disk), then served through the reference
 Planner over a disk tier of a byte budget (:func:`reference.disk_economics.miss_ratio_curve`),
-packed layout (one file per store job), each key one CPU-tier row of the chosen knob.
+packed layout (per store job a file of its full-attention keys and one of its window
+keys, as the tier writes them), each key one CPU-tier row of the chosen knob.
 Both eviction rules run: the reference's rule (leaves of the prefix structure first,
 least recently used among them; strands nothing) and plain per-file LRU (the
 baseline, whose stranded bytes are reported).  No vLLM import.

@@ -123,9 +123,9 @@ def _files_text(sizing: Sizing) -> str:
     files = sizing.files
     text = (
         f"fs tier, per_chunk layout: one file per chunk per group, {files.file_bytes} B "
-        f"({human_bytes(files.file_bytes)}) each; packed layout: one file per store job, "
-        "each of its chunks a page-aligned section of that size (how many of each a workload "
-        "writes and reads: per 1M below)"
+        f"({human_bytes(files.file_bytes)}) each; packed layout: per store job one file of its "
+        "full-attention chunks and one of its window chunks, each chunk a page-aligned section "
+        "of that size (how many of each a workload writes and reads: per 1M below)"
     )
     if files.fs_tier is not None:
         text += f"; root_dir {files.fs_tier['root_dir']}"
@@ -276,7 +276,8 @@ LAYOUT_COLUMNS = (
 )
 LAYOUT_UNITS = {
     "per_chunk": "one file per chunk per group (vLLM's fs tier)",
-    "packed": "one file per store job, its chunks as sections",
+    "packed": "per store job one file of its full-attention chunks and one of its window "
+              "chunks, as sections",
     "packed_per_request": "one file per request, all its stored chunks as sections",
 }
 
@@ -385,7 +386,7 @@ def _alternative_unit(t: Traffic) -> str:
     packed = next(x for x in t.layouts if x.layout == "packed")
     return (
         f"packed_per_request ({LAYOUT_UNITS[alt.layout]}; reference only, the tier packs per "
-        f"store job): {_n(alt.files_written_per_million)} files written, "
+        f"store job, windows apart): {_n(alt.files_written_per_million)} files written, "
         f"{_n(alt.file_opens_once_per_million)} file opens read once per 1M, vs packed "
         f"{_n(packed.files_written_per_million)} and {_n(packed.file_opens_once_per_million)}"
     )
@@ -528,8 +529,9 @@ def _disk_text(disk: DiskTier, fmt: TableFormat) -> list[str]:
     bullet = "* " if fmt == "markdown" else ""
     sizes = ", ".join(f"group {g}: {human_bytes(b)}" for g, b in disk.key_bytes.items())
     out = [
-        f"disk tier (reference.eviction; {disk.layout} layout: one file per store job, each key "
-        f"a section of one CPU-tier row: {sizes}); per million prompt tokens of {disk.workload}, "
+        f"disk tier (reference.eviction; {disk.layout} layout: per store job one file of its "
+        f"full-attention keys and one of its window keys, each key a section of one CPU-tier "
+        f"row: {sizes}); per million prompt tokens of {disk.workload}, "
         f"{disk.prompt_tokens} prompt tokens:",
         "",
         f"{bullet}workload scaled: {disk.scaling}",

@@ -133,16 +133,23 @@ default ``sha256`` prefix-caching hash), then the KV-cache group index (4 bytes)
 
 def min_disk_bytes(
     layout: str, row_bytes: int, groups: int, chunk_header_bytes: int,
-    key_bytes: int = VLLM_KEY_BYTES,
+    key_bytes: int = VLLM_KEY_BYTES, *, full_groups: int | None = None,
 ) -> int:
-    """The smallest ``disk_bytes_to_use`` a tier can store a chunk under: the file a full
+    """The smallest ``disk_bytes_to_use`` a tier can store a chunk under: the files a full
     chunk needs.  ``"per_chunk"``: one chunk file (``chunk_header_bytes`` + one CPU-tier
-    row of ``row_bytes``).  ``"packed"``: one packed file of one section per offloaded
-    KV-cache group (``groups``), each a row under a vLLM key
-    (:func:`reference.packed.packed_file_bytes`): a budget below it refuses every store."""
+    row of ``row_bytes``).  ``"packed"``: one section per offloaded KV-cache group
+    (``groups``), each a row under a vLLM key, in the files a store job of that chunk
+    writes (:func:`reference.packed.store_job_files`, reserved together): a file of the
+    ``full_groups`` full-attention sections (None: every group is full attention) and a
+    file of the other groups' (window) sections, each
+    :func:`reference.packed.packed_file_bytes`: a budget below it refuses every store."""
     if layout == "per_chunk":
         return chunk_header_bytes + row_bytes
-    return packed_file_bytes([row_bytes] * groups, [key_bytes] * groups)
+    full = groups if full_groups is None else full_groups
+    if not 0 <= full <= groups:
+        raise ValueError(f"min_disk_bytes: full_groups must be in [0, {groups}], got {full}")
+    return sum(packed_file_bytes([row_bytes] * n, [key_bytes] * n)
+               for n in (full, groups - full) if n)
 
 
 def parse_disk_bytes(value: Any, root: str, where: str, min_bytes: int = 1) -> int:
@@ -151,7 +158,7 @@ def parse_disk_bytes(value: Any, root: str, where: str, min_bytes: int = 1) -> i
     (:func:`vllm_adapter.units.parse_bytes`: ``"1000000000000"``, ``"800GB"``,
     ``"4GiB"``; KB = 1000, KiB = 1024).  Refused: missing, anything else (``"1e12"``,
     ``1.5``, ``true``), not positive, below ``min_bytes`` (:func:`min_disk_bytes`: the
-    file one chunk needs), above the file system."""
+    files one chunk needs), above the file system."""
     suggestion = suggested_disk_bytes(root)
     example = f"e.g. {suggestion} ({suggestion / GiB:.0f} GiB, 80% of the free space under {root!r})"
     if value is None:
@@ -178,9 +185,9 @@ def parse_disk_bytes(value: Any, root: str, where: str, min_bytes: int = 1) -> i
         raise ValueError(f"'{DISK_BYTES_KEY}' in {where} must be positive, {example}; got {parsed}")
     if parsed < min_bytes:
         raise ValueError(
-            f"'{DISK_BYTES_KEY}' in {where} ({parsed}) is smaller than the file one chunk needs "
-            f"on this tier ({min_bytes} bytes: a chunk file, or a packed file of one section per "
-            f"KV-cache group); give at least {min_bytes}, {example}"
+            f"'{DISK_BYTES_KEY}' in {where} ({parsed}) is smaller than the files one chunk needs "
+            f"on this tier ({min_bytes} bytes: a chunk file, or the packed files of one section "
+            f"per KV-cache group); give at least {min_bytes}, {example}"
         )
     size, _ = _fs_bytes(root)
     if parsed > size:

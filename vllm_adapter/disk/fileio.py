@@ -36,7 +36,8 @@ class TierFileIO:
 
     def store_packed(self, path: str, keys: Sequence[bytes], view: memoryview,
                      offsets: Sequence[int], size: int, io: C.ChunkIO) -> P.PackedHeader:
-        """Packed layout: one file of a store job's keys; its header as written (the
+        """Packed layout: one file of a store job's keys (its full-attention keys, or its window
+        keys); its header as written (the
         sections and the file's identity, for the index)."""
         return PIO.store_packed_file(path, keys, view, offsets, size, io)
 

@@ -1,9 +1,10 @@
-"""The packed file of kvchunk's file tier: one file per store job, every key of it a section.
+"""The packed file of kvchunk's file tier: a store job's full-attention keys, or its window
+keys, every key a section (one or two files per job: :func:`reference.packed.store_job_files`).
 
 The layout is :mod:`reference.packed`'s (this module writes and reads exactly
 those bytes): a page-rounded header, then each section's payload on a page
 boundary, in job order (group-major, prefix order: ``KvchunkFileTierManager`` sorts
-the job's keys so).  The header is, little-endian::
+the job's keys so, then splits them into its files).  The header is, little-endian::
 
     magic "KVCPACK\\0" (8) | format version (2) | checksum id (2) | header bytes (4)
     | section count (4) | index bytes (4) | namespace digest (16) | header digest (16)

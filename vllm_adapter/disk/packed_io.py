@@ -3,7 +3,8 @@
 :class:`PackedIndex` answers which packed file and section holds each key, and
 keeps each file's :class:`~vllm_adapter.disk.packed_file.FileIdentity` (device,
 inode, size, mtime, header digest) from its store or its last header parse;
-:func:`store_packed_file` writes one store job's keys as one packed file and
+:func:`store_packed_file` writes one packed file of a store job's keys (its full-attention
+keys, or its window keys: :func:`reference.packed.store_job_files`) and
 :func:`load_packed_files` loads a job's keys, each file it needs opened once.
 
 **No header re-read on load**: a file whose ``fstat`` matches the identity the index
@@ -345,7 +346,8 @@ def store_packed_file(
     path: str, keys: Sequence[bytes], view: memoryview, offsets: Sequence[int], size: int,
     io: ChunkIO,
 ) -> P.PackedHeader:
-    """One packed file of a store job's keys (region rows at ``offsets``); its header as
+    """One packed file of a store job's keys (one of its
+    :func:`reference.packed.store_job_files`; region rows at ``offsets``); its header as
     written (sections and identity: what :meth:`PackedIndex.add` takes)."""
     header = P.store_packed(path, keys, slices(view, offsets, size), io)
     io.counters.add(files_stored=1, sections_stored=len(header.sections))

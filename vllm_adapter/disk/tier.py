@@ -42,14 +42,18 @@ the fields.  vLLM's ``FileMapper`` names the files inside it.
 
 **Layouts** (``"layout"``): ``"per_chunk"`` (the default) writes one chunk
 file per key, as vLLM's tier does, named by vLLM's ``FileMapper``.  ``"packed"``
-writes **one file per store job** (:mod:`vllm_adapter.disk.packed_file`, the layout of
-:mod:`reference.packed`): the tiering manager hands the tier every key of one
-GPU->CPU store as one job, and all of them, every group, become sections of one
-file.  The packed tier answers ``lookup(key)`` from an in-memory index, key ->
-(file, section), which it fills when it starts from its index snapshot (one file
-written at shutdown and every ``SNAPSHOT_SECONDS`` while the index changes, validated
-against a listing: :mod:`vllm_adapter.disk.packed_snapshot`) and the headers of the files
-the snapshot does not describe, and a background thread keeps up with other engines' files (within ``POLL_SECONDS`` plus one
+writes **one or two files per store job** (:mod:`vllm_adapter.disk.packed_file`, the
+layout of :mod:`reference.packed`): the tiering manager hands the tier every key of one
+GPU->CPU store as one job; its full-attention keys become the sections of one file and
+its window keys (the groups with a window) the sections of another
+(:func:`reference.packed.store_job_files`; a job of one kind writes one file), reserved
+and completed together, so that the eviction rule can evict a window file alone.  The
+packed tier answers ``lookup(key)`` from an in-memory index, key -> (file, section),
+which it fills when it starts from its index snapshot (one file written at shutdown and
+every ``SNAPSHOT_SECONDS`` while the index changes, validated against a listing:
+:mod:`vllm_adapter.disk.packed_snapshot`) and the headers of the files the snapshot does
+not describe, and a background thread keeps up with other engines' files (within
+``POLL_SECONDS`` plus one
 ledger replay; the lookup itself never waits on the root's lock); a key
 already in the index is not written again; a load opens each file it needs once
 and reads adjacent sections in one call, without reading the file's header when one
@@ -185,7 +189,8 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
     call :func:`batch_store_chunks` / :func:`batch_load_chunks` instead of vLLM's
     ``batch_store_block`` / ``batch_load_block``, and vLLM's ``FileMapper``
     names the files under the geometry namespace directory.  Packed layout: one
-    file per store job (:mod:`vllm_adapter.disk.packed_file`), lookups from
+    or two files per store job, its full-attention keys and its window keys apart
+    (:mod:`vllm_adapter.disk.packed_file`), lookups from
     :class:`~vllm_adapter.disk.packed_io.PackedIndex`; the thread pool, job bookkeeping and
     failed-load handling stay vLLM's.
 
@@ -252,13 +257,14 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
             counters=self.counters,
         )
         _write_json_once(os.path.join(self.namespace_dir, GEOMETRY_FILE), fields)
+        chunking = DB.budget_chunking(offloading_spec.config)
         budget = DB.parse_disk_bytes(disk_bytes_to_use, root_dir, where_of(None),
                                      min_bytes=DB.min_disk_bytes(
                                          layout, self._block_size,
-                                         len(offloading_spec.config.groups), HEADER_SIZE))
+                                         len(offloading_spec.config.groups), HEADER_SIZE,
+                                         full_groups=len(chunking.full_groups)))
         self.budget = TierBudget(root_dir, self.namespace_dir, budget,
-                                 DB.parse_eviction(eviction, where_of(None)),
-                                 DB.budget_chunking(offloading_spec.config),
+                                 DB.parse_eviction(eviction, where_of(None)), chunking,
                                  adopt_budget=adopt_recorded_budget)
         """The root's byte budget, shared with every engine writing under ``root_dir``."""
         self.io = dataclasses.replace(self.io, quarantine_bytes=self.budget.ledger.ledger_bytes // 4)
@@ -509,12 +515,16 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
                 self._block_size, self.io,
             )
 
+        # Its full-attention keys in one file, its window keys in another (a job with one
+        # kind: one file), reserved and completed together (reference.packed.store_job_files).
+        files = [list(f) for f in RP.store_job_files([k for k, _ in new],
+                                                     self.budget.chunking.full_groups)]
+
         def store_task() -> None:
-            if not new:
+            if not files:
                 return
-            gone = self._store([[k for k, _ in new]],
-                               lambda ks: P.packed_name(self.namespace_dir, ks), write, positions,
-                               written=self.index.add)
+            gone = self._store(files, lambda ks: P.packed_name(self.namespace_dir, ks), write,
+                               positions, written=self.index.add)
             for path in gone:
                 self.index.drop_file(path)
 

@@ -40,6 +40,10 @@ class TierBudget:
                  ledger: RootLedger | None = None) -> None:
         self.root = root
         self.ns = os.path.relpath(namespace_dir, root)
+        self.chunking = chunking
+        """The reference chunking of the tier's ``OffloadingConfig`` (the ledger's prefix
+        structure of this namespace; its :attr:`~reference.knobs.Chunking.full_groups` split
+        a packed store job's files)."""
         self.counters = ledger.counters if ledger is not None else BudgetCounters()
         self.ledger = ledger or RootLedger(root, budget, rule, self.counters,
                                            adopt_budget=adopt_budget,
