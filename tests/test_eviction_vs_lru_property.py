@@ -1,17 +1,18 @@
 """The eviction rule against plain LRU on drawn multi-turn workloads (issue #31).
 
-Small workloads are drawn from fixed seeds (:func:`drawn_workload`: a few sessions of 2-6
-turns, served round-robin so a session returns after the others, a shared system prompt
-or shared documents some of the time, random turn and output lengths) and served over a
-budgeted disk (:func:`reference.disk_economics.miss_ratio_curve`, GPU cache cold, the
-packed layout with each store job's window keys in a file of their own) on gemma-4-31B-it
-TP2 and DeepSeek-V4-Flash TP4 at ``block_size`` 512, as the installed vLLM plans them,
-at 1/8, 1/4 and 1/2 of the unbounded run's peak bytes, under the rule and under LRU.
+Small workloads are drawn from fixed seeds (:func:`drawn_workload`) and served over a
+budgeted disk (:func:`reference.disk_economics.miss_ratio_curve`: GPU cache cold, the packed
+layout with each store job's window keys in a file of their own) on gemma-4-31B-it TP2 and
+DeepSeek-V4-Flash TP4 at ``block_size`` 512, as the installed vLLM plans them, at 1/8, 1/4
+and 1/2 of the unbounded run's peak bytes, under the rule and under LRU.
 
 What must hold: the rule never strands a byte; at each fraction its mean hit rate over the
-draws is at least LRU's (within :data:`MEAN_SLACK`); no draw falls more than
-:data:`DRAW_SLACK` below LRU's.  A draw that does is printed with its workload and studied,
-not the test loosened.  ``KVCHUNK_PROFILE=deep`` draws more workloads, from a fresh seed.
+draws is at least LRU's (within :data:`MEAN_SLACK`); no draw trails LRU by more than
+:data:`DRAW_SLACK`.  A draw that breaks one is printed with its workload (smallest first)
+and the rule is studied on it; the test is not loosened.  ``KVCHUNK_PROFILE=deep`` draws
+more workloads, from a fresh base seed it prints.  Two of the properties do not hold today:
+their tests are strict xfails naming the finding (:data:`STRANDS_AFTER_A_REFUSED_STORE`,
+:data:`TRAILS_LRU_ON_SOME_DRAWS`), for the lead to decide.
 """
 
 from __future__ import annotations
@@ -33,23 +34,27 @@ from reference.workload import Span, Workload, requests
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="needs vllm importable (the fixtures' chunking)")
 
-FIXTURES = ("gemma-4-31B-it-tp2", "deepseek-v4-flash-tp4")
+GEMMA, DSV4 = "gemma-4-31B-it-tp2", "deepseek-v4-flash-tp4"
+FIXTURES = (GEMMA, DSV4)
 POINTS = 8
-"""The rule's curve has ``--sweep-disk``'s points: ``peak * k // 8``, k = 1..8."""
+"""The rule's curve has ``--sweep-disk``'s points: ``peak * k // 8`` bytes, k = 1..8."""
 FRACTIONS = {"1/8": 0, "1/4": 1, "1/2": 3}
-"""The disks compared, as fractions of the unbounded run's peak bytes (curve indices)."""
+"""The disks compared, as fractions of the rule's unbounded peak bytes (curve indices)."""
 MEAN_SLACK = 0.005
-"""The rule's mean hit rate may trail LRU's by at most half a point (rounding of small draws)."""
+"""The rule's mean hit rate may trail LRU's by half a point at most (ties on small draws)."""
 DRAW_SLACK = 0.03
 """No draw's hit rate may trail LRU's by more than 3 points."""
 MAX_PROMPT_TOKENS = 60_000
-"""A draw's prompts together, every span at its high: one draw serves in well under a
-second on both geometries."""
+"""A draw's prompts together, every span at its high: a draw serves in well under a second
+on both geometries."""
 
 PROFILE = os.environ.get("KVCHUNK_PROFILE", "ci")
-DRAWS = {"ci": 24, "deep": 200}.get(PROFILE, 8)
+DRAWS = {"ci": 48, "deep": 400}.get(PROFILE, 8)
 BASE_SEED = random.SystemRandom().randrange(1 << 32) if PROFILE == "deep" else 0
-"""Fixed outside ``deep``: CI draws the same workloads every run."""
+"""Draw ``n`` is ``drawn_workload(BASE_SEED + n)``: fixed outside ``deep``."""
+KNOWN_STRICT = PROFILE in ("ci", "deep")
+"""The known findings' xfails are strict where the draws hold them (ci's pinned 48, deep's
+400); ``dev``'s 8 draws may miss them."""
 
 
 def _span(rng: random.Random, low: int, high: int) -> Span:
@@ -58,21 +63,20 @@ def _span(rng: random.Random, low: int, high: int) -> Span:
 
 
 def drawn_workload(seed: int) -> Workload:
-    """A small multi-turn workload, a function of ``seed`` alone (``drawn_workload(seed)``
-    reproduces a printed draw): 1-5 sessions of 2-6 turns, round-robin (with two or more
-    sessions each returns after every other: a cyclic revisit); a shared system prompt half
-    the time, shared documents a third of the time; random turn, output and document
-    lengths; a prefill step of 2k or 8k tokens.  Redrawn while its prompts could exceed
+    """A small multi-turn workload, a function of ``seed`` alone: 1-5 sessions of 2-6 turns,
+    round-robin (with two or more, each session returns after every other: a cyclic
+    revisit); a shared system prompt half the time, shared documents a third of the time;
+    random turn, output and document lengths; prefill steps of 2k or 8k tokens (a prompt
+    longer than a step is stored in several jobs).  Redrawn while its prompts could exceed
     :data:`MAX_PROMPT_TOKENS`."""
     rng = random.Random(seed)
     while True:
-        sessions = rng.randint(1, 5)
         documents = rng.choice((0, 0, rng.randint(1, 2)))
         workload = Workload(
             name=f"drawn_workload({seed})",
             description="a drawn multi-turn workload",
             source="tests/test_eviction_vs_lru_property.py",
-            sessions=sessions,
+            sessions=rng.randint(1, 5),
             turns=rng.randint(2, 6),
             system_tokens=rng.choice((0, rng.randint(256, 2048))),
             turn_tokens=_span(rng, 32, 1024),
@@ -88,107 +92,162 @@ def drawn_workload(seed: int) -> Workload:
 
 @dataclass(frozen=True)
 class Draw:
-    """One workload served under both rules at the compared fractions."""
+    """One workload served under the rule and under LRU."""
 
     workload: Workload
     prompt_tokens: int
     rule: tuple[DiskEconomics, ...]
-    """The rule's whole curve (:data:`POINTS` points, the last the unbounded run)."""
+    """The rule at each of :data:`FRACTIONS`, in order."""
     lru: tuple[DiskEconomics, ...]
-    """LRU at the sizes of :data:`FRACTIONS`, in that order."""
+    """LRU at the same sizes."""
+    curve: tuple[DiskEconomics, ...] = ()
+    """The rule's whole curve (:data:`POINTS` points, the last the unbounded run)."""
 
     def shown(self) -> str:
         w = self.workload
         return (f"{w.describe()}; {self.prompt_tokens} prompt tokens, prefill steps of "
-                f"{w.max_num_batched_tokens}, seed {w.seed} ({w.name})")
+                f"{w.max_num_batched_tokens} (reproduce: {w.name})")
 
 
-def serve(knob: Any, workload: Workload, rule: EvictionRule = EvictionRule.REACHABLE,
-          **options: Any) -> Draw:
-    """``workload`` under ``rule``'s curve and LRU at the same sizes (windows apart)."""
-    curve = miss_ratio_curve(knob.chunking, workload, POINTS, rule, knob.file_bytes,
-                             Layout.PACKED, knob.policy, windows_apart=True, **options)
-    sizes = [curve[i].budget_bytes or 0 for i in FRACTIONS.values()]
-    lru = miss_ratio_curve(knob.chunking, workload, sizes, EvictionRule.LRU, knob.file_bytes,
-                           Layout.PACKED, knob.policy, windows_apart=True)
-    return Draw(workload, sum(len(r.prompt) for r in requests(workload)), curve, lru)
+def _curve(knob: Any, workload: Workload, sizes: Sequence[int] | int, rule: EvictionRule,
+           windows_apart: bool = True) -> tuple[DiskEconomics, ...]:
+    return miss_ratio_curve(knob.chunking, workload, sizes, rule, knob.file_bytes,
+                            Layout.PACKED, knob.policy, windows_apart=windows_apart)
 
 
-def stranding(draws: Sequence[Draw]) -> list[str]:
-    """Every curve point of the rule that ends with stranded bytes."""
-    return [f"{e.stranded_bytes} bytes stranded at a {e.budget_bytes}-byte disk: {d.shown()}"
-            for d in draws for e in d.rule if e.stranded_bytes]
+def serve(knob: Any, workload: Workload) -> Draw:
+    """``workload`` under the rule's curve, and under LRU at the compared sizes."""
+    curve = _curve(knob, workload, POINTS, EvictionRule.REACHABLE)
+    rule = tuple(curve[i] for i in FRACTIONS.values())
+    lru = _curve(knob, workload, [e.budget_bytes or 0 for e in rule], EvictionRule.LRU)
+    return Draw(workload, sum(len(r.prompt) for r in requests(workload)), rule, lru, curve)
+
+
+def stranding(draws: Sequence[Draw], of: str = "curve") -> list[str]:
+    """Every point (of ``of``: the rule's ``curve``, or ``lru``) ending with stranded bytes."""
+    names = [f"{k}/{POINTS}" for k in range(1, POINTS + 1)] if of == "curve" else list(FRACTIONS)
+    return [f"{e.stranded_bytes} bytes stranded at {name} of peak ({e.budget_bytes} bytes): "
+            f"{d.shown()}"
+            for d in draws for name, e in zip(names, getattr(d, of), strict=True)
+            if e.stranded_bytes]
 
 
 def mean_shortfalls(draws: Sequence[Draw]) -> list[str]:
     """The fractions where the rule's mean hit rate trails LRU's by more than
     :data:`MEAN_SLACK`."""
     out = []
-    for j, (fraction, i) in enumerate(FRACTIONS.items()):
-        rule = mean(d.rule[i].hit_rate for d in draws)
+    for j, fraction in enumerate(FRACTIONS):
+        rule = mean(d.rule[j].hit_rate for d in draws)
         lru = mean(d.lru[j].hit_rate for d in draws)
         if rule < lru - MEAN_SLACK:
-            out.append(f"at {fraction} of peak: rule {rule:.2%} < LRU {lru:.2%} over "
-                       f"{len(draws)} draws")
+            out.append(f"at {fraction} of peak: rule {rule:.2%} < LRU {lru:.2%} "
+                       f"over {len(draws)} draws")
     return out
 
 
-def draw_losses(draws: Sequence[Draw]) -> list[tuple[int, str]]:
-    """(prompt tokens, what) for each draw and fraction where the rule trails LRU by more
-    than :data:`DRAW_SLACK`, smallest workload first."""
+def draw_losses(draws: Sequence[Draw]) -> list[str]:
+    """Each draw and fraction where the rule trails LRU by more than :data:`DRAW_SLACK`,
+    smallest workload first."""
     out = []
     for d in draws:
-        for j, (fraction, i) in enumerate(FRACTIONS.items()):
-            rule, lru = d.rule[i].hit_rate, d.lru[j].hit_rate
+        for j, fraction in enumerate(FRACTIONS):
+            rule, lru = d.rule[j].hit_rate, d.lru[j].hit_rate
             if rule < lru - DRAW_SLACK:
-                out.append((d.prompt_tokens, f"at {fraction} of peak ({d.rule[i].budget_bytes} "
+                out.append((d.prompt_tokens, f"at {fraction} of peak ({d.rule[j].budget_bytes} "
                             f"bytes): rule {rule:.1%} < LRU {lru:.1%} on {d.shown()}"))
-    return sorted(out)
+    return [what for _, what in sorted(out)]
 
 
-@pytest.fixture(scope="module", params=FIXTURES)
-def knob(request: pytest.FixtureRequest) -> Any:
-    """The fixture's chunking, key size and release policy at ``block_size`` 512, as
-    ``--sweep-disk`` uses them (every key a CPU slot's bytes)."""
-    from vllm_adapter.planning import fixture_knob
-
-    return fixture_knob(request.param, "block_size", 512)
+_SERVED: dict[str, tuple[Any, list[Draw]]] = {}
 
 
-@pytest.fixture(scope="module")
-def draws(knob: Any) -> list[Draw]:
-    """Every drawn workload served on the fixture's geometry."""
-    return [serve(knob, drawn_workload(BASE_SEED + n)) for n in range(DRAWS)]
+def served(fixture: str) -> tuple[Any, list[Draw]]:
+    """The fixture's knob at ``block_size`` 512 (its chunking, the release's policy, every
+    key a CPU slot's bytes, as ``--sweep-disk`` uses them) and every draw served on it;
+    computed once per module."""
+    if fixture not in _SERVED:
+        from vllm_adapter.planning import fixture_knob
+
+        knob = fixture_knob(fixture, "block_size", 512)
+        _SERVED[fixture] = knob, [serve(knob, drawn_workload(BASE_SEED + n))
+                                  for n in range(DRAWS)]
+    return _SERVED[fixture]
 
 
-def test_the_draws_fill_the_disk(draws: list[Draw]) -> None:
-    """Not vacuous: the draws are multi-session, the small disks evict and hit, and the two
-    rules differ somewhere."""
+def _report(what: str, lines: list[str]) -> str:
+    return (f"{len(lines)} {what} (base seed {BASE_SEED}, {DRAWS} draws a geometry):\n"
+            + "\n".join(lines[:16]))
+
+
+def _on_both(check: Any) -> list[str]:
+    """``check``'s lines for the draws on each geometry, named."""
+    return [f"{fixture}: {line}" for fixture in FIXTURES for line in check(served(fixture)[1])]
+
+
+STRANDS_AFTER_A_REFUSED_STORE = pytest.mark.xfail(strict=KNOWN_STRICT, raises=AssertionError, reason=(
+    "issue #31 finding, open: with 2048-token prefill steps a prompt's "
+    "first store job brings window keys admitted pending the next job's boundary "
+    "(BudgetedIndex.prepare_store, pending_windows); when that job is refused for space they "
+    "stay on disk, stranded.  On gemma-4 TP2 only: 12 of the 48 draws on vLLM 0.34.0, 11 on "
+    "0.33.0, all with 2048-token steps; smallest on both: drawn_workload(47), 1 session x 2 "
+    "turns, 6638 prompt tokens, 10 window keys stranded at 3/8 and 1/2 of peak.  Remove this "
+    "mark once the rule is fixed."))
+TRAILS_LRU_ON_SOME_DRAWS = pytest.mark.xfail(strict=KNOWN_STRICT, raises=AssertionError, reason=(
+    "issue #31 finding, open: the rule trails LRU by more than 3 points on "
+    "some draws, mostly at 1/2 of peak.  vLLM 0.34.0: 4 draws on gemma-4 TP2 (smallest "
+    "drawn_workload(27), 3 sessions x 4 turns, 24.2% vs 28.6%), 3 on DeepSeek-V4 TP4 "
+    "(smallest drawn_workload(40), 5 sessions x 2 turns, 18.3% vs 22.0%; widest "
+    "drawn_workload(14) at 1/4, 26.4% vs 36.3%).  0.33.0: 2 on gemma-4 (widest "
+    "drawn_workload(35), 7.3% vs 21.8%).  Remove this mark once the rule is fixed."))
+
+
+@pytest.mark.parametrize("fixture", FIXTURES)
+def test_the_draws_exercise_a_full_disk(fixture: str) -> None:
+    """Not vacuous: most draws are multi-session, every compared disk evicts and hits, and
+    the rule and LRU differ on some draw."""
+    _, draws = served(fixture)
     assert sum(d.workload.sessions > 1 for d in draws) >= len(draws) // 2
-    assert all(sum(d.rule[i].files_evicted for d in draws) > 0 for i in FRACTIONS.values())
-    assert all(sum(d.lru[j].offload_hit_tokens for d in draws) > 0 for j in range(len(FRACTIONS)))
-    assert any(d.rule[i].hit_rate != d.lru[j].hit_rate
-               for d in draws for j, i in enumerate(FRACTIONS.values()))
+    for j in range(len(FRACTIONS)):
+        assert sum(d.rule[j].files_evicted for d in draws) > 0
+        assert sum(d.lru[j].offload_hit_tokens for d in draws) > 0
+    assert any(d.rule[j].hit_rate != d.lru[j].hit_rate
+               for d in draws for j in range(len(FRACTIONS)))
 
 
-def test_the_rule_never_strands(draws: list[Draw]) -> None:
-    """Stranded bytes are disk no lookup can load: the rule must leave none, at every
-    point of its curve."""
-    assert not stranding(draws), "\n".join(stranding(draws)[:10])
+@STRANDS_AFTER_A_REFUSED_STORE
+def test_the_rule_never_strands() -> None:
+    """Stranded bytes are disk no lookup can load: the rule must leave none, at any point of
+    its curve, on either geometry."""
+    found = _on_both(stranding)
+    assert not found, _report("curve points with stranded bytes", found)
 
 
-def test_the_rule_s_mean_hit_rate_is_at_least_lru_s(draws: list[Draw]) -> None:
+@pytest.mark.parametrize("fixture", FIXTURES)
+def test_the_rule_s_mean_hit_rate_is_at_least_lru_s(fixture: str) -> None:
     """Over the draws, at each fraction, the rule serves at least as many prompt tokens from
-    disk as LRU (its reason to exist beside never stranding)."""
-    assert not mean_shortfalls(draws), (
-        f"{mean_shortfalls(draws)} (base seed {BASE_SEED})")
+    the disk as LRU does."""
+    _, draws = served(fixture)
+    assert not mean_shortfalls(draws), _report("shortfalls", mean_shortfalls(draws))
 
 
-def test_no_draw_falls_more_than_3_points_below_lru(draws: list[Draw]) -> None:
-    """A mean can hide a workload the rule serves badly: no draw may trail LRU by more than
-    3 points."""
-    losses = draw_losses(draws)
-    assert not losses, (
-        f"{len(losses)} draw(s) where the rule trails LRU by more than "
-        f"{DRAW_SLACK:.0%} (smallest first; base seed {BASE_SEED}):\n"
-        + "\n".join(what for _, what in losses))
+@TRAILS_LRU_ON_SOME_DRAWS
+def test_no_draw_falls_more_than_3_points_below_lru() -> None:
+    """A mean can hide a workload the rule serves badly: on neither geometry may a draw
+    trail LRU by more than 3 points."""
+    found = _on_both(draw_losses)
+    assert not found, _report("draws more than 3 points below LRU", found)
+
+
+@pytest.mark.parametrize("fixture", FIXTURES)
+def test_the_checks_catch_a_weaker_rule(fixture: str) -> None:
+    """The checks have teeth: LRU's own points strand, and the rule writing a store job's
+    window keys in its full-attention file (windows not apart, where issue #31 measured it
+    losing to LRU on small disks) trails LRU's mean and falls below it on some draw."""
+    knob, draws = served(fixture)
+    assert stranding(draws, "lru")
+    weaker = [Draw(d.workload, d.prompt_tokens,
+                   _curve(knob, d.workload, [e.budget_bytes or 0 for e in d.rule],
+                          EvictionRule.REACHABLE, windows_apart=False), d.lru)
+              for d in draws]
+    assert mean_shortfalls(weaker)
+    assert draw_losses(weaker)
