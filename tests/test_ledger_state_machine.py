@@ -198,7 +198,9 @@ class Engine:
         """Path -> rid of a file a load found bad and deleted (forgotten later)."""
 
     def start(self) -> dict[str, int]:
-        return self.ledger.start(NS, [str(p.relative_to(self.root)) for p in _data_files(self.root)])
+        """As the tier's start: the namespace's data files and temporary files."""
+        return self.ledger.start(NS, [str(p.relative_to(self.root)) for p in _data_files(self.root)],
+                                 [str(p.relative_to(self.root)) for p in self.root.rglob("*.tmp")])
 
     def crash(self) -> None:
         """The engine dies, and the driver's clock moves past its lease: an engine on another
@@ -755,6 +757,28 @@ def test_a_damaged_journal_line_never_stops_a_start(tmp_path: Path, line: bytes)
     again = _engine(tmp_path)
     assert os.path.relpath(p, tmp_path) in again.ledger.files()
     assert again.ledger.counters.as_dict()["journal_records_skipped"] >= 1
+
+
+def test_a_temporary_file_a_damaged_journal_orphaned_is_removed_at_start(tmp_path: Path) -> None:
+    """A writer crashed mid-write, then the journal lost its reservation (truncated): the
+    next start removes the temporary file, which no reservation counts (the machine found
+    it: ``store(fault='mid-write')`` then ``damage_the_journal(how='truncated')``)."""
+    e = _engine(tmp_path)
+    (p,) = _store(e, 1, write=lambda path, keys: None)
+    tmp = f"{p}.{os.getpid()}-1-{os.urandom(4).hex()}.tmp"
+    os.makedirs(os.path.dirname(tmp), exist_ok=True)
+    Path(tmp).write_bytes(b"\0" * KEY_BYTES)  # the crashed writer's half-written file
+    e.ledger.close()
+    (tmp_path / LEDGER_FILE).write_bytes(b"")  # its reservation is lost with the journal
+    again = _engine(tmp_path)
+    assert not os.path.exists(tmp), "a temporary file of no reservation stayed outside the budget"
+    assert again.ledger.files() == {}
+    # a live writer's temporary file (its file pending) is kept
+    (q,) = _store(again, 2, write=lambda path, keys: None)
+    live = f"{q}.{os.getpid()}-2-{os.urandom(4).hex()}.tmp"
+    Path(live).write_bytes(b"\0" * KEY_BYTES)
+    _engine(tmp_path, name="other")
+    assert os.path.exists(live), "a pending reservation's temporary file was removed"
 
 
 def test_a_start_reconciles_sizes_not_only_names(tmp_path: Path) -> None:

@@ -561,11 +561,16 @@ class RootLedger(LedgerModel):
             return ([p for p, w in events.items() if w and p in self._res],
                     [p for p, w in events.items() if not w])
 
-    def start(self, ns: str, on_disk: Iterable[str]) -> dict[str, int]:
-        """A tier of ``ns`` starts over the root (``on_disk``: its namespace's files, paths
-        relative to the root): dead writers' reservations fail, the ledger and the
-        directory are reconciled (names and sizes), and the budget is enforced.  Counts of
-        what it did."""
+    def start(self, ns: str, on_disk: Iterable[str], temps: Iterable[str] = ()) -> dict[str, int]:
+        """A tier of ``ns`` starts over the root (``on_disk``: its namespace's files,
+        ``temps``: its writers' temporary files, paths relative to the root): dead writers'
+        reservations fail, the ledger and the directory are reconciled (names and sizes),
+        and the budget is enforced.  Counts of what it did.
+
+        A temporary file whose file is not pending in the ledger is an orphan (a writer
+        reserves before it writes, so a live write's file is pending): a damaged journal
+        can lose a crashed writer's reservation, and its temporary file would otherwise
+        stay outside the budget until it ages out."""
         with self._locked():
             on_disk = set(on_disk)
             mine = {p for p, r in self._res.items() if r.ns == ns}
@@ -574,6 +579,10 @@ class RootLedger(LedgerModel):
             orphans = sorted(on_disk - mine)
             for p in orphans:
                 self.io.unlink(os.path.join(self.root, p))
+            stray = [t for t in temps if t.rsplit(".", 2)[0] not in self._pending]
+            for t in stray:
+                self.io.unlink(os.path.join(self.root, t))
+            orphans += stray
             self._reconcile_sizes()
             victims = self._plan_evictions(partial=True) or []
             self._evict(victims)

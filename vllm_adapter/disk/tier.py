@@ -96,6 +96,7 @@ from vllm_adapter.disk.chunk_file import (
     HEADER_SIZE,
     MAGIC,
     QUARANTINE_DIR,
+    TEMP_SUFFIX,
     ChunkFileError,
     ChunkIO,
     TierCounters,
@@ -271,7 +272,7 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         """The quarantine holds a quarter of the ledger's reserve, inside the budget."""
         self._stats = TierStats()
         """What get_stats reported last (:mod:`vllm_adapter.disk.metrics`)."""
-        self.started = self.budget.start(self._files_on_disk())
+        self.started = self.budget.start(*self._files_on_disk())
         """What the start did: dead writers' reservations failed, orphans removed, evictions."""
         self.index = PackedIndex()
         """Packed layout: key -> (file, section), from the index snapshot and the headers of
@@ -340,11 +341,21 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
             return HEADER_SIZE + self._block_size
         return RP.packed_file_bytes([self._block_size] * len(keys), [len(k) for k in keys])
 
-    def _files_on_disk(self) -> list[str]:
-        if self.layout == "packed":
-            return list(P.iter_packed_files(self.namespace_dir))
-        return [os.path.join(d, n) for d, _, names_ in os.walk(self.namespace_dir)
-                for n in names_ if n.endswith(".bin") and QUARANTINE_DIR not in d]
+    def _files_on_disk(self) -> tuple[list[str], list[str]]:
+        """This namespace's data files and its writers' temporary files, in one walk."""
+        top, data_suffix = ((os.path.join(self.namespace_dir, P.PACKED_DIR), P.PACKED_SUFFIX)
+                            if self.layout == "packed" else (self.namespace_dir, ".bin"))
+        files: list[str] = []
+        temps: list[str] = []
+        for d, _, names_ in os.walk(top):
+            if QUARANTINE_DIR in d:
+                continue
+            for n in names_:
+                if n.endswith(data_suffix):
+                    files.append(os.path.join(d, n))
+                elif n.endswith(TEMP_SUFFIX):
+                    temps.append(os.path.join(d, n))
+        return files, temps
 
     def _sweep(self) -> None:
         try:

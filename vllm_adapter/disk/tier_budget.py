@@ -64,10 +64,11 @@ class TierBudget:
     def _abs(self, rel: str) -> str:
         return os.path.join(self.root, rel)
 
-    def start(self, on_disk: Iterable[str]) -> dict[str, int]:
-        """Reconcile the ledger with this namespace's files and enforce the budget (see
-        :meth:`RootLedger.start`); what it did."""
-        return self.ledger.start(self.ns, (self._rel(p) for p in on_disk))
+    def start(self, on_disk: Iterable[str], temps: Iterable[str] = ()) -> dict[str, int]:
+        """Reconcile the ledger with this namespace's files (and its writers' temporary
+        files) and enforce the budget (see :meth:`RootLedger.start`); what it did."""
+        return self.ledger.start(self.ns, (self._rel(p) for p in on_disk),
+                                 (self._rel(p) for p in temps))
 
     def reserve(
         self, files: Sequence[Sequence[bytes]], name_of: Callable[[Sequence[bytes]], str],
