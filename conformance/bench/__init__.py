@@ -139,10 +139,15 @@ class Target:
     min_blocks_per_chunk: int = 1
     where: tuple[tuple[str, Any], ...] = ()
     """Further ``(field, value)`` a figure must have (e.g. its direction and rate)."""
+    field: str = "ratio"
+    """The figure's ratio this target judges: ``field``, ``field_ci`` (and a second
+    batch's ``confirm_field``, ``confirm_field_ci``).  A figure without it is not this
+    target's (e.g. a plain-disk row measured where ``fio`` is not installed)."""
 
     def matches(self, info: dict[str, Any]) -> bool:
         """Is ``info`` a figure of this target (its kind and ``where``), checked or not?"""
-        return info.get("kind") == self.kind and all(info.get(k) == v for k, v in self.where)
+        return (info.get("kind") == self.kind and self.field in info
+                and all(info.get(k) == v for k, v in self.where))
 
     def applies(self, info: dict[str, Any]) -> bool:
         return (
@@ -163,10 +168,11 @@ class Target:
         the second batch misses too; a miss the second batch does not repeat is
         "inconclusive".  (A figure recorded without a second batch keeps its miss.)
         """
-        first = self._classify(info["ratio"], info["ratio_ci"])
-        if first != "missed" or "confirm_ratio_ci" not in info:
+        f = self.field
+        first = self._classify(info[f], info[f"{f}_ci"])
+        if first != "missed" or f"confirm_{f}_ci" not in info:
             return first
-        again = self._classify(info["confirm_ratio"], info["confirm_ratio_ci"])
+        again = self._classify(info[f"confirm_{f}"], info[f"confirm_{f}_ci"])
         return "missed" if again == "missed" else "inconclusive"
 
     def explain(self, info: dict[str, Any]) -> str:
@@ -174,9 +180,10 @@ class Target:
         bound = (
             f">= {self.min_ratio}" if self.min_ratio is not None else f"<= {self.max_ratio}"
         )
-        text = f"{self.verdict(info)}: {_ci_text(info['ratio'], info['ratio_ci'])}"
-        if "confirm_ratio_ci" in info:
-            again = _ci_text(info["confirm_ratio"], info["confirm_ratio_ci"])
+        f = self.field
+        text = f"{self.verdict(info)}: {_ci_text(info[f], info[f'{f}_ci'])}"
+        if f"confirm_{f}_ci" in info:
+            again = _ci_text(info[f"confirm_{f}"], info[f"confirm_{f}_ci"])
             text += f", missed once, then {again} when measured again"
         return f"{text} vs {bound}"
 
@@ -267,6 +274,16 @@ TARGETS: tuple[Target, ...] = (
         0.95,
         None,
         0,
+    ),
+    Target(
+        "packed_time",
+        "packed fs tier >= 0.9 x the disk's own limit on the plain disk (fio on the same "
+        "directory: the packed tier's bytes, file size, I/O size, threads and O_DIRECT; "
+        "store and load; chat, agentic; block_size 512)",
+        0.9,
+        None,
+        0,
+        field="limit_ratio",
     ),
     Target(
         "disk_curve",

@@ -77,8 +77,8 @@ def check_targets(
                 {
                     "target": target.text,
                     "benchmark": row["name"],
-                    "ratio": row["ratio"],
-                    "ratio_ci": row["ratio_ci"],
+                    "ratio": row[target.field],
+                    "ratio_ci": row[f"{target.field}_ci"],
                     "verdict": verdict,
                 }
             )

@@ -256,7 +256,57 @@ def _packed(rows: list[Row]) -> list[str]:
             ).splitlines(),
             "",
         ]
-    return out + _packed_metadata(rows)
+    return out + _packed_limit(times) + _packed_metadata(rows)
+
+
+def _limit_target() -> Target:
+    return next(t for t in TARGETS if t.kind == "packed_time" and t.field == "limit_ratio")
+
+
+def _ms(r: Row, side: str) -> str:
+    p50, p99 = r.get(f"{side}_job_p50_s"), r.get(f"{side}_job_p99_s")
+    return "-" if p50 is None or p99 is None else f"{p50 * 1e3:.1f} / {p99 * 1e3:.1f}"
+
+
+def _packed_limit(times: list[Row]) -> list[str]:
+    """The plain disk's limit row (``fio``, :mod:`conformance.bench.fio_limit`) beside each
+    packed row, and each tier's per-job times beside the makespan."""
+    if not times:
+        return []
+    target = _limit_target()
+    body = []
+    for r in times:
+        if "limit_ratio" in r:
+            low, high = r["limit_ratio_ci"]
+            verdict = target.verdict(r)
+            limit = [f"{r['limit_gbps']:.2f}", f"{r['packed_gbps']:.2f}",
+                     f"{r['limit_ratio']:.2f} [{low:.2f}, {high:.2f}]",
+                     verdict if verdict == "met" else f"**{verdict}**"]
+        else:
+            limit = ["not measured", f"{r['packed_gbps']:.2f}", "-", "-"]
+        body.append([r["label"], r["workload"], r["direction"], *limit,
+                     _ms(r, "per_chunk"), _ms(r, "packed")])
+    why = next((r["limit_unavailable"] for r in times if "limit_unavailable" in r), None)
+    r0 = next((r for r in times if "limit_ratio" in r), None)
+    shape = (
+        f"`fio` {r0['limit_files']:,} files of {r0['limit_file_bytes'] / 2**20:,.2f} MiB for the "
+        f"first row, I/Os of one row ({r0['limit_block_bytes'] / 2**10:,.0f} KiB), "
+        f"{r0['threads']} jobs of `psync` (queue depth {r0['threads']}), O_DIRECT "
+        f"{'on' if r0['o_direct'] else 'off'}, once after each timed round"
+        if r0 is not None else f"not measured: {why}")
+    return [
+        "The disk's own limit (target: packed >= 0.9 x the limit, `fio` on the same directory "
+        "with the packed tier's bytes, file size, I/O size, threads and O_DIRECT; "
+        f"{shape}), and each tier's per-job time (first task's start to last task's end, "
+        "over every job of the timed rounds) beside the makespan above:",
+        "",
+        *render_table(
+            ("geometry", "workload", "direction", "limit GB/s (fio)", "packed GB/s",
+             "packed / limit [95 %]", "verdict", "job p50 / p99 ms per chunk",
+             "job p50 / p99 ms packed"), body,
+        ).splitlines(),
+        "",
+    ]
 
 
 def _lookups(r: Row, side: str) -> float:

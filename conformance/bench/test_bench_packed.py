@@ -65,6 +65,7 @@ import mmap
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -82,7 +83,9 @@ from conformance.bench import (
     rounded,
     target_of,
 )
+from conformance.bench import fio_limit as FIO
 from conformance.bench import metafs as M
+from conformance.bench.stats import paired_interval
 from conformance.testing.requires import require_vllm
 from reference import economics as E
 from reference import packed as RP
@@ -109,6 +112,7 @@ METADATA_RATES = (2000, 10000)
 FLOOR_PASSES = env_int("KVCHUNK_BENCH_PACKED_FLOOR_PASSES", 2)
 """Unthrottled passes per tier on the mount; the best is the tier's floor (see ``bound``)."""
 PAGE = 4096
+SIDES = ("packed", "per_chunk")
 
 
 @dataclass(frozen=True)
@@ -234,6 +238,9 @@ class PackedCase:
         self.packed_dir = os.path.join(root, "packed-tier")
         self.io = S.ChunkIO(namespace=bytes(16), o_direct=self.o_direct)
         self.index = PIO.PackedIndex()
+        self.job_seconds: dict[str, list[float]] = {side: [] for side in SIDES}
+        """Each job's time from its first task's start to its last task's end, per tier,
+        over every pass since cleared (the per-job percentiles beside the makespan)."""
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -257,21 +264,39 @@ class PackedCase:
     def offsets(self, keys: Sequence[bytes]) -> list[int]:
         return [self.row[k] * self.row_bytes for k in keys]
 
-    def _run(self, enqueue: Callable[..., None], jobs: list[list[Callable[[], Any]]]) -> None:
-        """Enqueue each job's tasks as one pool job, as the tiers do, and wait for all."""
+    def _run(self, side: str, enqueue: Callable[..., None],
+             jobs: list[list[Callable[[], Any]]]) -> None:
+        """Enqueue each job's tasks as one pool job, as the tiers do, and wait for all;
+        each job's time (first task's start to last task's end) goes to ``job_seconds``."""
         first = self._job
+        spans: dict[int, list[float]] = {}
+        lock = threading.Lock()
+
+        def timed(job: int, task: Callable[[], Any]) -> Callable[[], Any]:
+            def run() -> Any:
+                start = time.perf_counter()
+                try:
+                    return task()
+                finally:
+                    end = time.perf_counter()
+                    with lock:
+                        span = spans.setdefault(job, [start, end])
+                        span[0], span[1] = min(span[0], start), max(span[1], end)
+            return run
+
         for tasks in jobs:
             self._job += 1
-            enqueue(self._job, len(tasks), tasks)
+            enqueue(self._job, len(tasks), [timed(self._job, t) for t in tasks])
         self.pool.wait_idle()
         results = self.pool.get_finished()
         failed = [job for job, ok, _ in results if not ok]
         assert len(results) == self._job - first and not failed, f"jobs failed: {failed[:5]}"
+        self.job_seconds[side].extend(end - start for start, end in spans.values())
 
     # -- per chunk: vLLM's fs tier ------------------------------------------
 
     def chunk_store(self) -> None:
-        self._run(self.pool.enqueue_store, [
+        self._run("per_chunk", self.pool.enqueue_store, [
             [functools.partial(
                 V.batch_store_block, [self.path[k] for k in job], self.view,
                 self.offsets(job), self.row_bytes, self.o_direct)]
@@ -279,7 +304,7 @@ class PackedCase:
         ])
 
     def chunk_load(self) -> None:
-        self._run(self.pool.enqueue_load, [
+        self._run("per_chunk", self.pool.enqueue_load, [
             [functools.partial(
                 V.batch_load_block, [self.path[k] for k in job], self.view,
                 self.offsets(job), self.row_bytes, self.o_direct)]
@@ -302,13 +327,13 @@ class PackedCase:
             self.index.add(path, sections)
 
     def packed_store(self) -> None:
-        self._run(self.pool.enqueue_store, [
+        self._run("packed", self.pool.enqueue_store, [
             [functools.partial(self._store_one, job)] for job in self.jobs.stores
         ])
 
     def packed_load(self) -> None:
         """The packed tier's load of each job: one task (as ``KvchunkFileTierManager``)."""
-        self._run(self.pool.enqueue_load, [
+        self._run("packed", self.pool.enqueue_load, [
             [functools.partial(PIO.load_packed_files, self.index, job, self.view,
                                self.offsets(job), self.row_bytes, self.io)]
             for job in self.jobs.loads
@@ -425,7 +450,6 @@ PARAMS = [(g, w, d) for g in GEOMETRIES for w in WORKLOADS for d in DIRECTIONS]
 METADATA_PARAMS = [
     (g, w, d, r) for g in GEOMETRIES for w in WORKLOADS for d in DIRECTIONS for r in METADATA_RATES
 ]
-SIDES = ("packed", "per_chunk")
 
 
 def _variants(
@@ -502,6 +526,54 @@ def _time_fields(m: Any, moved: int) -> dict[str, Any]:
     )
 
 
+def _job_percentiles(case: PackedCase) -> dict[str, Any]:
+    """Each tier's per-job time (first task's start to last task's end), p50 and p99 over
+    every job of the timed passes, beside the passes' makespan (the row's seconds)."""
+    out: dict[str, Any] = {}
+    for side in SIDES:
+        times = np.asarray(case.job_seconds[side])
+        out[f"{side}_jobs_timed"] = int(times.size)
+        for q in (50, 99):
+            out[f"{side}_job_p{q}_s"] = float(np.percentile(times, q)) if times.size else None
+    return out
+
+
+def _disk_limit(case: PackedCase, counts: dict[str, int], direction: str, moved: int,
+                packed_s: Sequence[float]) -> dict[str, Any]:
+    """The disk's own limit for the packed tier's pass (:mod:`conformance.bench.fio_limit`):
+    ``fio`` on the same directory, with the packed tier's file size, I/O size (a row),
+    thread count, ``O_DIRECT`` and bytes, once per timed round after them; the
+    ``limit_ratio`` is the packed tier's speed over the limit (``fio`` seconds / packed
+    seconds, round ``i`` with ``fio`` run ``i``), target >= 0.9.  Without ``fio``:
+    ``limit_unavailable`` says why, and no limit target is checked."""
+    why = FIO.unavailable()
+    if why is not None:
+        return {"limit_unavailable": why}
+    job = FIO.FioJob(
+        directory=os.path.join(case.root, "fio-limit"), direction=direction,
+        total_bytes=counts["packed_bytes_written"] if direction == "store" else moved,
+        file_bytes=counts["packed_bytes_written"] // max(1, counts["packed_files_written"]),
+        block_bytes=case.row_bytes, threads=THREADS, direct=case.o_direct,
+    )
+    try:
+        limits = [FIO.run(job) for _ in packed_s]
+    finally:
+        FIO.clear(job.directory)
+    # fio moves whole files (a few more bytes): its time for the packed pass's bytes
+    limit_s = [job.total_bytes / r.bytes_per_s for r in limits]
+    interval = paired_interval(list(packed_s), limit_s, speed=True)
+    return {
+        "limit_s": rounded(limit_s),
+        "limit_io_bytes": limits[0].io_bytes,
+        "limit_gbps": float(np.median([r.gbps for r in limits])),
+        "limit_file_bytes": job.io_file_bytes,
+        "limit_files": job.files_per_job * job.threads,
+        "limit_block_bytes": job.block_bytes,
+        "limit_ratio": interval.ratio,
+        "limit_ratio_ci": [interval.low, interval.high],
+    }
+
+
 @pytest.mark.parametrize(
     "geometry,workload,direction", PARAMS, ids=[f"{g}-{w}-{d}-disk" for g, w, d in PARAMS]
 )
@@ -520,6 +592,8 @@ def test_packed_vs_per_chunk(
         candidate, baseline = _variants(case, direction, dropped)
         about = {"kind": "packed_time", "blocks_per_chunk": jobs.blocks_per_chunk,
                  "target_checked": True}
+        for side in SIDES:
+            case.job_seconds[side].clear()
         m = measure(benchmark, candidate, {"per_chunk": baseline}, rounds=ROUNDS)
         row = _row_fields(jobs, counts, case, direction, dropped)
         record(
@@ -527,6 +601,8 @@ def test_packed_vs_per_chunk(
             filesystem=filesystem(os.path.realpath(disk_root)),
             **m.ratio_fields("per_chunk", speed=True, about=about),
             **_time_fields(m, row["bytes"]),
+            **_job_percentiles(case),
+            **_disk_limit(case, counts, direction, row["bytes"], m.candidate),
         )
         if direction == "load":  # the timed rounds left the loaded rows as written
             assert case.loaded_intact(), "the packed tier read back other bytes than it wrote"
