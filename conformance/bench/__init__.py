@@ -141,12 +141,13 @@ class Target:
     """Further ``(field, value)`` a figure must have (e.g. its direction and rate)."""
     field: str = "ratio"
     """The figure's ratio this target judges: ``field``, ``field_ci`` (and a second
-    batch's ``confirm_field``, ``confirm_field_ci``).  A figure without it is not this
-    target's (e.g. a plain-disk row measured where ``fio`` is not installed)."""
+    batch's ``confirm_field``, ``confirm_field_ci``).  A figure without a second field is
+    not that target's (e.g. a plain-disk row measured where ``fio`` is not installed has
+    no ``limit_ratio``)."""
 
     def matches(self, info: dict[str, Any]) -> bool:
         """Is ``info`` a figure of this target (its kind and ``where``), checked or not?"""
-        return (info.get("kind") == self.kind and self.field in info
+        return (info.get("kind") == self.kind and (self.field == "ratio" or self.field in info)
                 and all(info.get(k) == v for k, v in self.where))
 
     def applies(self, info: dict[str, Any]) -> bool:
