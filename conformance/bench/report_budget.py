@@ -131,11 +131,14 @@ def _eviction_real(rows: list[Row]) -> list[str]:
                      f"{r['files_on_full_root']:,}",
                      f"{r['full_files_per_s']:.0f} / {r['empty_files_per_s']:.0f}",
                      " / ".join(f"{r['full_ms_per_store'].get(p, 0.0):.2f}" for p in _PHASES),
+                     f"{r['full_ms_per_store'].get('unlink', 0.0):.2f}"
+                     if "unlink" in r["full_ms_per_store"] else "-",
                      " / ".join(f"{r['empty_ms_per_store'].get(p, 0.0):.2f}" for p in _PHASES),
                      _ci(r["ratio"], r["ratio_ci"]) + confirm, _verdict(r)])
     table = render_table(("geometry", "section bytes", "sections per file", "files on root",
                           "files/s full / empty", "full ms/store (reserve / write / complete)",
-                          "empty ms/store", "full / empty", "verdict"), body)
+                          "of reserve: unlink ms", "empty ms/store", "full / empty", "verdict"),
+                         body)
     r0 = rows[0]
     return ["### Disk budget: eviction overhead at real section sizes", "",
             f"Target >= 0.95 (full-root throughput / empty-root throughput; issue #30): the "

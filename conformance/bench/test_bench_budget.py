@@ -203,10 +203,13 @@ class Phases:
     reserve: list[float] = field(default_factory=list)
     write: list[float] = field(default_factory=list)
     complete: list[float] = field(default_factory=list)
+    unlink: list[float] = field(default_factory=list)
+    """Of ``reserve``: the unlinks of the files the store evicted (the file system's cost
+    of freeing them: a mount with ``discard`` pays a synchronous discard per file)."""
 
     def medians_ms(self) -> dict[str, float]:
         return {name: statistics.median(getattr(self, name)) * 1e3
-                for name in ("reserve", "write", "complete") if getattr(self, name)}
+                for name in ("reserve", "write", "complete", "unlink") if getattr(self, name)}
 
 
 class Root:
@@ -228,9 +231,23 @@ class Root:
         self.stores = 0
 
     def new_tier(self) -> TierBudget:
-        """What ``KvchunkFileTierManager.__init__`` builds (before its ``start``)."""
-        return TierBudget(self.root, self.namespace_dir, budget_for_files(self.budget_bytes), RULE,
-                          self.chunking)
+        """What ``KvchunkFileTierManager.__init__`` builds (before its ``start``); the
+        ledger's unlinks are timed (:attr:`Phases.unlink`)."""
+        tier = TierBudget(self.root, self.namespace_dir, budget_for_files(self.budget_bytes),
+                          RULE, self.chunking)
+        io = tier.ledger.io
+        unlink = io.unlink
+        self._unlink_s = 0.0
+
+        def timed_unlink(path: str) -> None:
+            t = time.perf_counter()
+            try:
+                unlink(path)
+            finally:
+                self._unlink_s += time.perf_counter() - t
+
+        io.unlink = timed_unlink  # type: ignore[method-assign]
+        return tier
 
     def on_disk(self) -> list[str]:
         """``KvchunkFileTierManager._files_on_disk`` of the packed layout."""
@@ -238,6 +255,7 @@ class Root:
 
     def store(self, job: Job, payload: memoryview) -> None:
         """``KvchunkFileTierManager._packed_store_task``: reserve (evicting), write, complete."""
+        self._unlink_s = 0.0
         t0 = time.perf_counter()
         admitted = self.tier.reserve([list(job.keys)],
                                      lambda ks: P.packed_name(self.namespace_dir, ks),
@@ -260,6 +278,7 @@ class Root:
         self.phases.reserve.append(t1 - t0)
         self.phases.write.append(t2 - t1)
         self.phases.complete.append(t3 - t2)
+        self.phases.unlink.append(self._unlink_s)
         self.stores += 1
 
     def store_all(self, jobs: Sequence[Job], payload: memoryview) -> None:

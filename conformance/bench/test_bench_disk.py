@@ -190,19 +190,22 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def filesystem(path: str) -> str:
-    """``"<fstype> on <mount point>"`` of the mount holding ``path`` (from /proc/mounts)."""
-    best = ("", "unknown")
+    """``"<fstype> on <mount point>"`` of the mount holding ``path`` (from /proc/mounts),
+    with ``", mounted with discard"`` where it is: every unlink then discards the file's
+    blocks at once (an eviction's cost; a periodic ``fstrim`` does not)."""
+    best = ("", "unknown", "")
     try:
         with open("/proc/mounts") as f:
             for line in f:
                 parts = line.split()
-                mount, fstype = parts[1], parts[2]
+                mount, fstype, options = parts[1], parts[2], parts[3]
                 inside = path == mount or path.startswith(mount.rstrip("/") + "/")
                 if inside and len(mount) >= len(best[0]):
-                    best = (mount, fstype)
+                    best = (mount, fstype, options)
     except OSError as e:
         return f"unknown file system (/proc/mounts unreadable: {e.strerror or e})"
-    return f"{best[1]} on {best[0] or '?'}"
+    discard = ", mounted with discard" if "discard" in best[2].split(",") else ""
+    return f"{best[1]} on {best[0] or '?'}{discard}"
 
 
 @pytest.fixture
