@@ -55,7 +55,8 @@ class BudgetedIndex:
     are never evicted), evicting by ``rule`` first; when it still does not fit it is
     refused (None: the Planner retries next step), changing nothing.  A lookup hit and
     a load refresh their files' use time; files being loaded are not evicted.
-    Call :meth:`observe` with each request's block hashes before its lookup.
+    Call :meth:`observe` with each request's block hashes before its lookup, and
+    :meth:`idle` whenever no store is pending (the curve does after each request).
     """
 
     def __init__(
@@ -230,6 +231,28 @@ class BudgetedIndex:
                 self.disk.remove(fid)
                 self.files_evicted += 1
 
+    def idle(self) -> None:
+        """No store is pending (the engine is idle, every request's stores done): under the
+        rule, every key no lookup can load leaves (:meth:`Disk.stranded`: window keys
+        admitted pending a boundary whose store never came, a refused one or a later
+        turn's), so an idle disk strands nothing.  Files being read keep theirs."""
+        if self.rule is EvictionRule.REACHABLE and self.admission:
+            self._drop_keys(self.disk.stranded())
+
+    def _drop_keys(self, stranded: Iterable[bytes]) -> None:
+        by_file: dict[int, list[bytes]] = {}
+        for k in stranded:
+            by_file.setdefault(self.disk.file_of[k], []).append(k)
+        for fid, keys in by_file.items():
+            f = self.disk.files[fid]
+            if not f.ready or f.pins:
+                continue
+            if len(keys) == len(f.keys):
+                self.disk.remove(fid)
+                self.files_evicted += 1
+            else:
+                self.disk.keep_keys(fid, [k for k in f.keys if k not in keys])
+
     def prepare_load(self, keys: Sequence[bytes]) -> object:
         fids = dict.fromkeys(self.disk.file_of[k] for k in keys)
         for fid in fids:
@@ -332,6 +355,7 @@ def _serve_from(
     for req, all_hashes in reqs:
         index.observe(all_hashes)
         engine.serve(req, all_hashes)
+        index.idle()
 
 
 SNAPSHOTS = 32
@@ -400,6 +424,7 @@ def miss_ratio_curve(
                               pickle.dumps((engine, index), pickle.HIGHEST_PROTOCOL)))
         index.observe(all_hashes)
         engine.serve(req, all_hashes)
+        index.idle()
     peak = index.disk.peak_bytes
     served = engine.tally.gpu_hit + engine.tally.offload_hit
     unbounded = result(engine, index, None, served)

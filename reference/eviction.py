@@ -49,10 +49,15 @@ The rule (:meth:`Disk.evictable`, :meth:`Disk.evict_for`)
     stays (no full-attention key outside it has its parent in it: a *leaf* of the
     prefix structure); window chunks go with the boundary they serve: the files of
     window chunks its removal strands go with it (its *unit*), under the same
-    condition.  Among the evictable files the least recently used goes.  The rule
+    condition.  Among the evictable units the least recently used goes: a unit's use is
+    its most recently used file's (:func:`unit_last_use`; after the window files of
+    boundaries one prefix went on past, :func:`passed_windows_unit`).  The rule
     also never admits a key that would be stranded on arrival (its parent is not on
     disk, or it serves no boundary that is whole or one store from whole): it is dropped
-    from the store plan.
+    from the store plan.  A window key admitted while its boundary was one store away
+    leaves once no store is pending and the boundary is not whole (the store was refused,
+    or is a later turn's: :meth:`reference.disk_economics.BudgetedIndex.idle`), so an idle
+    disk strands nothing.
 
 A store that does not fit (:class:`Overflow`)
     Refused whole (the rule's default: nothing is written), or, as an option, the longest
@@ -92,6 +97,7 @@ __all__ = [
     "passed_windows_unit",
     "prefix_closed_head",
     "stranded",
+    "unit_last_use",
 ]
 
 
@@ -143,6 +149,9 @@ class Disk:
 
     passed_windows_first = True
     """The rule's first step (:func:`passed_windows_unit`); off only in ablations."""
+    unit_recency = True
+    """Among leaves, units go in the order of their most recently used file (a unit's
+    recency is its newest file's, not its leaf's); False: the leaf's (an ablation)."""
 
     def __init__(self, structure: PrefixStructure) -> None:
         self.structure = structure
@@ -156,8 +165,9 @@ class Disk:
         self._next_id = 0
         self._dependents: dict[int, int] = {}
         """File -> full-attention keys in other files whose parent it holds."""
-        self._leaves: list[tuple[int, int]] = []
-        """Heap of (last use, file) for files that were leaves then (checked when popped)."""
+        self._leaves: list[tuple[int, int, int]] = []
+        """Heap of (order, file, last use) for files that were leaves then (checked when
+        popped): the order is the file's last use, or its unit's newest file's once seen."""
         self._recency: OrderedDict[int, None] = OrderedDict()
         """Every file, least recently used first."""
         self._windows_only: OrderedDict[int, None] = OrderedDict()
@@ -224,7 +234,8 @@ class Disk:
 
     def _push_if_leaf(self, fid: int) -> None:
         if self._dependents[fid] == 0:
-            heapq.heappush(self._leaves, (self.files[fid].last_use, fid))
+            use = self.files[fid].last_use
+            heapq.heappush(self._leaves, (use, fid, use))
 
     # -- reachability ---------------------------------------------------------
 
@@ -314,18 +325,25 @@ class Disk:
         passed = passed_windows_unit(self) if self.passed_windows_first else None
         if passed is not None:
             return passed
-        skipped: list[tuple[int, int]] = []
+        skipped: list[tuple[int, int, int]] = []
         found = None
         while self._leaves:
             entry = heapq.heappop(self._leaves)
-            use, fid = entry
+            order, fid, use = entry
             f = self.files.get(fid)
             if f is None or f.last_use != use or self._dependents[fid]:
                 continue  # stale: used since, or no longer a leaf (pushed again when it is)
-            found = self.unit(fid)
-            if found is not None:
-                break
+            unit = self.unit(fid)
+            if unit is None:
+                skipped.append(entry)
+                continue
+            newest = unit_last_use(self, unit) if self.unit_recency else use
+            if newest > order:  # the unit holds a file used since its leaf: it waits for that
+                heapq.heappush(self._leaves, (newest, fid, use))
+                continue
+            found = unit
             skipped.append(entry)
+            break
         for entry in skipped:
             heapq.heappush(self._leaves, entry)
         return found
@@ -636,11 +654,22 @@ def prefix_closed_head(
     return head(lo) if lo >= 0 else ()
 
 
+def unit_last_use(disk: Disk, unit: Sequence[int]) -> int:
+    """When a unit was last used: its most recently used file's use time.  The rule takes
+    leaves' units in this order (:meth:`Disk._next_unit`), not by the leaf's own use: a
+    unit can hold a file read since its leaf was (a window file a request wrote at a
+    shared prefix's junction holds that junction's windows beside the windows of the
+    boundary its prompt ends at; every new session's hit reads it)."""
+    return max(disk.files[fid].last_use for fid in unit)
+
+
 def evictable(disk: Disk) -> list[tuple[int, ...]]:
     """Every unit the rule may evict now (:func:`eviction_unit` of each file), least
-    recently used file first; the rule evicts the first."""
+    recently used unit first (:func:`unit_last_use`; ties: the least recently used file's
+    first); after :func:`passed_windows_unit`, the rule evicts the first."""
     units = (eviction_unit(disk, fid) for fid in disk.lru_order())
-    return [u for u in units if u is not None]
+    found = [u for u in units if u is not None]
+    return sorted(found, key=lambda u: unit_last_use(disk, u)) if disk.unit_recency else found
 
 
 def stranded(disk: Disk) -> frozenset[bytes]:

@@ -488,6 +488,44 @@ def test_window_siblings_refuses_a_window_whose_earlier_sibling_never_comes() ->
     assert disk.arrives_stranded(store, pending_windows=True, window_siblings=True) == set()
 
 
+def test_window_keys_pending_a_refused_store_leave_once_no_store_is_pending() -> None:
+    """Issue #31's strand after a refused store: a 48-token window over 32-token chunks
+    needs the last two chunks before a boundary.  A prompt's first store job (chunked
+    prefill) brings full chunks 0-1 and window chunk 1, admitted pending boundary 3 (its
+    full-attention key is one store away).  The next job (full chunk 2, window chunk 2)
+    does not fit: the full file is its parent, and window chunk 1 waits for it, so nothing
+    may go and it is refused.  If it never comes, window chunk 1 is stranded.  Once no
+    store is pending (``BudgetedIndex.idle``: the engine idle) the rule leaves no key no
+    lookup can load, and keeps the reachable prefix; plain LRU (the baseline) is left as
+    it is."""
+    groups = (KVGroup(0, GroupKind.FULL, 16),
+              KVGroup(1, GroupKind.SLIDING_WINDOW, 16, sliding_window=48))
+    chunking = resolve(Geometry(groups, tokens_per_hash=16), BlocksPerChunk(2))
+    chain = _chain(list(range(1, 97)), chunking)
+    full, window = (group_keys(chain, gc) for gc in chunking.groups)
+    for rule in (EvictionRule.REACHABLE, EvictionRule.LRU):
+        index = BudgetedIndex(chunking, KEY_BYTES, 4 * KEY_BYTES, rule, Layout.PACKED)
+        index.observe(chain)
+        first = [full[0], full[1], window[1]]
+        plan = index.prepare_store(first)
+        assert plan is not None and plan.keys_to_store == tuple(first)
+        index.complete_store(first)
+        if rule is EvictionRule.REACHABLE:
+            assert index.prepare_store([full[2], window[2]]) is None  # refused for space
+            assert index.disk.stranded() == {window[1]}  # waiting for a store that is not coming
+        else:
+            assert index.prepare_store([full[2], window[2]]) is not None  # LRU makes room
+            index.complete_store([full[2], window[2]])
+        stranded = index.disk.stranded()
+        index.idle()
+        if rule is EvictionRule.REACHABLE:
+            assert index.disk.stranded() == frozenset()
+            assert set(index.disk.file_of) == {full[0], full[1]}  # the prefix stays
+            assert index.stranded_bytes() == 0
+        else:
+            assert stranded and index.disk.stranded() == stranded
+
+
 def test_window_siblings_in_the_budgeted_index() -> None:
     """The index's ``window_siblings`` option drops the gap's window key and counts it."""
     groups = (KVGroup(0, GroupKind.FULL, 16),

@@ -10,9 +10,9 @@ What must hold: the rule never strands a byte; at each fraction its mean hit rat
 draws is at least LRU's (within :data:`MEAN_SLACK`); no draw trails LRU by more than
 :data:`DRAW_SLACK`.  A draw that breaks one is printed with its workload (smallest first)
 and the rule is studied on it; the test is not loosened.  ``KVCHUNK_PROFILE=deep`` draws
-more workloads, from a fresh base seed it prints.  Two of the properties do not hold today:
-their tests are strict xfails naming the finding (:data:`STRANDS_AFTER_A_REFUSED_STORE`,
-:data:`TRAILS_LRU_ON_SOME_DRAWS`), for the lead to decide.
+more workloads, from a fresh base seed it prints.  One of the properties does not hold
+today: its test is a strict xfail naming the finding (:data:`TRAILS_LRU_ON_SOME_DRAWS`), for
+the lead to decide.
 """
 
 from __future__ import annotations
@@ -184,21 +184,19 @@ def _on_both(check: Any) -> list[str]:
     return [f"{fixture}: {line}" for fixture in FIXTURES for line in check(served(fixture)[1])]
 
 
-STRANDS_AFTER_A_REFUSED_STORE = pytest.mark.xfail(strict=KNOWN_STRICT, raises=AssertionError, reason=(
-    "issue #31 finding, open: with 2048-token prefill steps a prompt's "
-    "first store job brings window keys admitted pending the next job's boundary "
-    "(BudgetedIndex.prepare_store, pending_windows); when that job is refused for space they "
-    "stay on disk, stranded.  On gemma-4 TP2 only: 12 of the 48 draws on vLLM 0.34.0, 11 on "
-    "0.33.0, all with 2048-token steps; smallest on both: drawn_workload(47), 1 session x 2 "
-    "turns, 6638 prompt tokens, 10 window keys stranded at 3/8 and 1/2 of peak.  Remove this "
-    "mark once the rule is fixed."))
 TRAILS_LRU_ON_SOME_DRAWS = pytest.mark.xfail(strict=KNOWN_STRICT, raises=AssertionError, reason=(
-    "issue #31 finding, open: the rule trails LRU by more than 3 points on "
-    "some draws, mostly at 1/2 of peak.  vLLM 0.34.0: 4 draws on gemma-4 TP2 (smallest "
-    "drawn_workload(27), 3 sessions x 4 turns, 24.2% vs 28.6%), 3 on DeepSeek-V4 TP4 "
-    "(smallest drawn_workload(40), 5 sessions x 2 turns, 18.3% vs 22.0%; widest "
-    "drawn_workload(14) at 1/4, 26.4% vs 36.3%).  0.33.0: 2 on gemma-4 (widest "
-    "drawn_workload(35), 7.3% vs 21.8%).  Remove this mark once the rule is fixed."))
+    "issue #31 finding, open: the rule trails LRU by more than 3 points on a few gemma-4 "
+    "TP2 draws, all at 1/2 of peak (DeepSeek-V4 TP4: none since the rule takes leaves' units "
+    "by their newest file, eviction.unit_last_use).  vLLM 0.34.0: drawn_workload(27), 3 "
+    "sessions x 4 turns, 24.2% vs 28.6%; drawn_workload(44), 5 sessions x 2 turns, 20.8% vs "
+    "27.0%.  0.33.0: drawn_workload(35), 3 sessions x 3 turns, 7.3% vs 21.8%; "
+    "drawn_workload(17), 3 sessions x 4 turns, 32.0% vs 35.8%.  Mechanism on (35): cyclic "
+    "sessions over a disk that holds about two; a store needs a few keys, LRU evicts a "
+    "session's small full-attention file and leaves its window file stranded, and the "
+    "session's next turn re-stores only the full-attention keys, reconnecting the windows; "
+    "the rule's unit is the tip's full-attention and window files together (17 keys; LRU "
+    "evicted 2), the next turn re-stores both, and the extra bytes evict the next "
+    "session's tip.  Remove this mark once the rule is fixed."))
 
 
 @pytest.mark.parametrize("fixture", FIXTURES)
@@ -214,7 +212,6 @@ def test_the_draws_exercise_a_full_disk(fixture: str) -> None:
                for d in draws for j in range(len(FRACTIONS)))
 
 
-@STRANDS_AFTER_A_REFUSED_STORE
 def test_the_rule_never_strands() -> None:
     """Stranded bytes are disk no lookup can load: the rule must leave none, at any point of
     its curve, on either geometry."""

@@ -638,6 +638,51 @@ def test_eviction_takes_first_the_windows_of_a_boundary_one_prefix_passed() -> N
     assert not disk.stranded()
 
 
+def test_eviction_takes_units_by_their_most_recently_used_file() -> None:
+    """Issue #31: a unit goes when its most recently used file is the oldest
+    (``eviction.unit_last_use``), not its leaf.  A request that branched off a shared prefix
+    wrote one window file with the junction's window and the window of the boundary its
+    prompt ends at; the leaf of its tip is old, but a new session's hit at the junction has
+    just read that window file.  Taking the tip's unit would take the junction's window
+    every later session needs, so another prefix's older unit goes first.  (Stated from the
+    rule: ``docs/semantics.md`` section 10.)"""
+    from reference import eviction
+
+    groups = (KVGroup(0, GroupKind.FULL, 16), KVGroup(1, SW, 16, sliding_window=24))
+    chunking = resolve(Geometry(groups, tokens_per_hash=16), BlocksPerChunk(2))
+    shared = list(range(1, 33))  # chunk 0: the junction (a 24-token window: 1 chunk)
+    a = prefix_block_hashes(shared + list(range(100, 132)), 16)
+    b = prefix_block_hashes(shared + list(range(200, 232)), 16)
+    structure = eviction.PrefixStructure(chunking)
+    structure.observe(a)
+    structure.observe(b)
+    (p0, a1), (w0, wa1) = (group_keys(a, gc) for gc in chunking.groups)
+    (_, b1), (_, wb1) = (group_keys(b, gc) for gc in chunking.groups)
+
+    def disk_of(unit_recency: bool) -> tuple[eviction.Disk, dict[str, int]]:
+        disk = eviction.Disk(structure)
+        disk.unit_recency = unit_recency
+        f = {name: disk.add(keys, 1, ready=True) for name, keys in (
+            ("p", [p0]), ("a", [a1]), ("wa", [w0, wa1]), ("b", [b1]), ("wb", [wb1]))}
+        disk.touch(f["wa"])  # a new session's hit at the junction reads the window file
+        return disk, f
+
+    disk, f = disk_of(True)
+    assert eviction.passed_windows_unit(disk) is None  # the junction branched: no pass
+    assert eviction.eviction_unit(disk, f["a"]) == (f["a"], f["wa"])  # the tip's unit
+    assert eviction.unit_last_use(disk, (f["a"], f["wa"])) == disk.files[f["wa"]].last_use
+    victim = disk.next_victim(eviction.EvictionRule.REACHABLE)
+    assert victim is not None and f["wa"] not in victim, "the junction's window stays"
+    assert set(victim) <= {f["b"], f["wb"]}  # the other prefix's older unit
+    assert eviction.evictable(disk)[0] == victim
+    for fid in victim:
+        disk.remove(fid)
+    assert not disk.stranded() and w0 in disk.file_of  # the junction stays whole
+    # By the leaf's own use (the rule before the fix), the junction's window goes.
+    disk, f = disk_of(False)
+    assert disk.next_victim(eviction.EvictionRule.REACHABLE) == (f["a"], f["wa"])
+
+
 def test_gpu_prefix_hit() -> None:
     """The engine's GPU hit (docs/semantics.md §8 "GPU hit"): a held shared prefix, never
     the request's last token, ending where every group's blocks end; nothing not held."""
