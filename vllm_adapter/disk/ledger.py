@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from reference.eviction import EvictionRule
+from reference.eviction import EvictionRule, unit_last_use
 from reference.knobs import Chunking
 from reference.prefix_structure import PrefixStructure
 from vllm_adapter.disk.journal import encode, fragment_json, hex_keys
@@ -391,8 +391,8 @@ class RootLedger(LedgerModel):
             best = None
             for space in self._spaces.values():
                 unit = space.disk.next_victim(self.rule)
-                if unit is not None:
-                    use = space.disk.files[unit[0]].last_use
+                if unit is not None:  # namespaces' units compared as the rule orders its own
+                    use = unit_last_use(space.disk, unit)
                     if best is None or use < best[0]:
                         best = (use, space, unit)
             if best is None:
