@@ -1254,9 +1254,6 @@ def test_sweep_disk_with_the_cpu_tier_in_front() -> None:
     assert small["cpu_chunks"] == (8 << 30) // d["cpu_tier"]["slot_bytes"]
     cpu_curve = small["cpu_curve"]
     assert any(p["rule"]["keys_promoted_per_million"] > 0 for p in cpu_curve)
-    # a lookup's full-attention scan promotes chunks past the hit the windows cut, and those
-    # promotions evict chunks of its own hit (vLLM's prepare_load would assert): asked again
-    assert any(p["lru"]["hits_evicted_by_promotions"] > 0 for p in cpu_curve)
     for p in cpu_curve:
         for rule in ("rule", "lru"):
             assert p[rule]["bytes_on_disk"] <= p["budget_bytes"]
