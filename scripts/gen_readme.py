@@ -660,6 +660,42 @@ SAMPLES: tuple[Sample, ...] = (
 )
 
 
+DISK_CURVE = Sample(
+    "cli-disk-curve",
+    (_GEMMA, ("--tensor-parallel-size", "2", "--block-size", "512", "--workload", "agentic",
+              "--cpu-bytes", "8GiB", "--sweep-disk")),
+    keep_labels=(), keep_sections=(),
+)
+"""The README's miss-ratio curve: both series (the disk only, and vLLM's CPU tier in front)."""
+
+
+def _disk_curve(data: Mapping[str, Any]) -> str:
+    """The two series of ``--sweep-disk --cpu-bytes`` as a table, from the run's JSON."""
+    disk = data["disk"]
+
+    def stranded(p: Mapping[str, Any]) -> str:
+        return f"{_mib(p['rule']['stranded_bytes'])} / {_mib(p['lru']['stranded_bytes'])}"
+
+    rows = [
+        f"| {_mib(a['budget_bytes'])} | {a['rule']['hit_rate']:.1%} | {a['lru']['hit_rate']:.1%} | "
+        f"{stranded(a)} | {b['rule']['hit_rate']:.1%} | {b['lru']['hit_rate']:.1%} | {stranded(b)} |"
+        for a, b in zip(disk["curve"], disk["cpu_curve"], strict=True)
+    ]
+    command = "python -m vllm_adapter config " + " ".join(a for line in DISK_CURVE.lines for a in line)
+    return _block([
+        f"`{command}` (vLLM {data['vllm']['version']}; {disk['workload']}, "
+        f"{disk['prompt_tokens']:,} prompt tokens, GPU prefix cache cold; CPU tier in front: "
+        f"{_mib(disk['cpu_bytes'])}, {disk['cpu_chunks']} chunk slots; hit rate: prompt tokens "
+        "an offload tier served; stranded: bytes on disk at the end no lookup can load from "
+        "the disk alone, the rule / LRU):",
+        "",
+        "| disk | disk only: rule | disk only: LRU | disk only: stranded | CPU tier in front: "
+        "rule | CPU tier in front: LRU | CPU tier in front: stranded |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
+    ])
+
+
 def excerpt(output: str, sample: Sample) -> list[str]:
     """The kept lines of a table output; ``  ...`` where lines were left out.
 
@@ -788,6 +824,7 @@ def cli_regions(run: Callable[[Sequence[str]], tuple[str, dict[str, Any]]] = run
     assert sweep_data is not None, "SAMPLES has no --sweep run"
     out.update(_sweep_sentences(sweep_data))
     out["cli-larger-chunks"] = _larger_chunks(sweep_data)
+    out[DISK_CURVE.name] = _disk_curve(run(DISK_CURVE.argv)[1])
     return out
 
 

@@ -1049,6 +1049,9 @@ def test_disk_budget_and_miss_ratio_curve() -> None:
         assert smallest[rule]["recomputed_for_space_per_million"] > 0
     assert all(p["rule"]["stranded_bytes"] == 0 for p in curve)
     assert all(p["rule"]["rule"] == "reachable" and p["lru"]["rule"] == "lru" for p in curve)
+    # no --cpu-bytes: the series with the CPU tier in front is not served, and the output says so
+    assert d["cpu_curve"] is None and d["cpu_bytes"] is None
+    assert "give --cpu-bytes" in run(flags)[1]
     for fmt in ("table", "markdown"):
         rc, out, err = run([*flags, "--format", fmt])
         assert rc == 0 and err == "", err
@@ -1218,3 +1221,57 @@ def test_disk_runs_report_refusals_drops_recomputation_and_bytes() -> None:
         assert "stores refused" in out and "keys dropped" in out and "bytes on disk" in out
         for r in (rule, lru):
             assert f"{r['bytes_on_disk']} (" in out and f" {r['stores_refused']} " in out
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_sweep_disk_with_the_cpu_tier_in_front() -> None:
+    """``--sweep-disk --cpu-bytes``: a second series at the same disk sizes with vLLM's CPU
+    tier in front (``cpu_bytes // slot`` chunk slots).  A CPU tier that holds the whole
+    workload (1 PiB, more than this machine's memory: accepted with a one-line note) serves
+    every reuse itself: at every disk size and under both rules nothing is promoted nor read
+    from the disk, and the hits are the unbounded disk's; a smaller one reads the disk; the
+    table and markdown carry the JSON's numbers."""
+    base = [*GEMMA, "--block-size", "512", "--workload", "agentic", "--sweep-disk"]
+    d = doc([*base, "--cpu-bytes", "1PiB"])
+    notes = [n for n in d["notes"] if "machine's memory" in n]
+    assert len(notes) == 1 and "accepted for modelling" in notes[0] and "\n" not in notes[0]
+    disk = d["disk"]
+    assert disk["cpu_bytes"] == 1 << 50
+    assert disk["cpu_chunks"] == d["cpu_tier"]["num_chunks"] == (1 << 50) // d["cpu_tier"]["slot_bytes"]
+    sizes = [p["budget_bytes"] for p in disk["curve"]]
+    assert [p["budget_bytes"] for p in disk["cpu_curve"]] == sizes
+    unbounded = disk["curve"][-1]["lru"]
+    assert unbounded["files_evicted_per_million"] == 0
+    for p in disk["cpu_curve"]:
+        for rule in ("rule", "lru"):
+            r = p[rule]
+            assert r["keys_promoted_per_million"] == 0 and r["files_read_per_million"] == 0
+            assert r["lookups_abandoned"] == 0 and r["promotions_refused"] == 0
+            assert r["hits_per_million"] == unbounded["hits_per_million"], (p["budget_bytes"], rule)
+
+    small = doc([*base, "--cpu-bytes", "8GiB"])["disk"]
+    assert small["cpu_chunks"] == (8 << 30) // d["cpu_tier"]["slot_bytes"]
+    cpu_curve = small["cpu_curve"]
+    assert any(p["rule"]["keys_promoted_per_million"] > 0 for p in cpu_curve)
+    for p in cpu_curve:
+        for rule in ("rule", "lru"):
+            assert p[rule]["bytes_on_disk"] <= p["budget_bytes"]
+    for fmt in ("table", "markdown"):
+        rc, out, err = run([*base, "--cpu-bytes", "8GiB", "--format", fmt])
+        assert rc == 0 and err == "", err
+        assert "with vLLM's CPU tier in front of the disk" in out and "lookups abandoned" in out
+        assert "machine's memory" not in out
+        for p in cpu_curve:
+            assert f"{p['rule']['hit_rate']:.1%}" in out and f"{p['lru']['hit_rate']:.1%}" in out
+            assert f"{p['lru']['stranded_bytes']} (" in out
+
+
+def test_a_cpu_tier_larger_than_memory_is_one_line_of_note() -> None:
+    from vllm_adapter.cli.cpu_tier import memory_note
+
+    assert memory_note(8 << 30, memory=16 << 30) is None
+    assert memory_note(16 << 30, memory=16 << 30) is None
+    note = memory_note(32 << 30, memory=16 << 30)
+    assert note is not None and "\n" not in note
+    assert "32.0 GiB" in note and "16.0 GiB" in note and "accepted for modelling" in note

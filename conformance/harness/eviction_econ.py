@@ -1,10 +1,12 @@
+# HELPER NOTE from the lead (delete this line before committing): read /work/wt42/HELPER_RULES.md first (deadline 00:15 UTC, nice -n 10, venvs, no nox).
 """The reference's prediction for a budgeted packed disk tier behind a large CPU tier.
 
 What :mod:`conformance.lanes.test_tiered_eviction_economics` holds kvchunk's tier to,
 built from the reference's own pieces only: :class:`reference.economics.Engine` (the
 one engine loop: lookup, allocate, chunked prefill in ``budget`` steps, decode,
 finish) over a :class:`reference.plan.Planner`, whose chunk index is
-:class:`TieredIndex`: an unbounded CPU tier (a set of keys) in front of a
+:class:`reference.tiered_index.TieredIndex` (the intent, stated there; re-exported here):
+an unbounded CPU tier (a set of keys) in front of a
 :class:`reference.disk_economics.BudgetedIndex` (the disk: its files, its byte budget, its
 eviction rule, its prefix structure), in the order vLLM's ``TieringOffloadingManager``
 drives a secondary tier:
@@ -69,12 +71,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from reference.disk_economics import BudgetedIndex
-from reference.economics import Engine, Tally, hashed
+from reference.economics import Tally, hashed
 from reference.eviction import Disk, EvictionRule, Layout
 from reference.knobs import Chunking
 from reference.packed import packed_file_bytes
-from reference.plan import Planner, Policy
-from reference.store import LookupResult, StorePlan
+from reference.plan import Policy
+from reference.tiered_index import PromotingEngine, PromotingPlanner, TieredIndex
 from reference.workload import GpuCache, WorkloadRequest
 
 __all__ = [
@@ -121,114 +123,6 @@ class PackedBudgetedIndex(BudgetedIndex):
     def _size(self, keys: Any) -> int:
         keys = list(keys)
         return packed_file_bytes([self.row_bytes] * len(keys), [len(k) for k in keys])
-
-
-class TieredIndex:
-    """A CPU tier that holds every key it is given, in front of a budgeted disk
-    (``reference.plan.ChunkIndex``; the order of events in the module docstring): a disk
-    hit starts a promotion (HIT_PENDING until :meth:`finish_promotions`)."""
-
-    def __init__(self, disk: BudgetedIndex) -> None:
-        self.disk = disk
-        self.cpu: set[bytes] = set()
-        self._pending: set[bytes] = set()
-        self.promoting: dict[bytes, None] = {}
-        """Keys a lookup found on the disk, being promoted to the CPU tier (in lookup order)."""
-
-    def lookup(self, key: bytes) -> LookupResult:
-        if key in self._pending or key in self.promoting:
-            return LookupResult.HIT_PENDING
-        if key in self.cpu:
-            return LookupResult.HIT
-        found = self.disk.lookup(key)
-        if found is LookupResult.HIT:  # vLLM's tiering manager promotes it now
-            self.promoting[key] = None
-            return LookupResult.HIT_PENDING
-        return found
-
-    def finish_promotions(self) -> None:
-        """The promotions lookups started land (vLLM flushes them at the step's end, one
-        load job per request; the lane drains the tier's I/O after every step): a read
-        per distinct file, then the CPU tier holds the keys."""
-        keys = list(self.promoting)
-        self.promoting.clear()
-        if keys:
-            self.disk.prepare_load(keys)
-            self.disk.complete_load(keys)
-            self.cpu.update(keys)
-
-    def promoting_full(self) -> bool:
-        """Whether a full-attention key is being promoted."""
-        return any(self.disk.structure.is_full(k) for k in self.promoting)
-
-    def prepare_store(self, keys: Sequence[bytes]) -> StorePlan | None:
-        self.finish_promotions()
-        new = tuple(dict.fromkeys(k for k in keys if k not in self.cpu and k not in self._pending))
-        self._pending.update(new)
-        return StorePlan(new, tuple(range(len(new))), ())
-
-    def complete_store(self, keys: Sequence[bytes], success: bool = True) -> None:
-        self.finish_promotions()
-        self._pending.difference_update(keys)
-        if not success:
-            return
-        self.cpu.update(keys)
-        plan = self.disk.prepare_store(list(keys))  # the cascade: one store of the job's keys
-        if plan is not None and plan.keys_to_store:
-            self.disk.complete_store(plan.keys_to_store, True)
-
-    def prepare_load(self, keys: Sequence[bytes]) -> object:
-        self.finish_promotions()
-        from_disk = [k for k in dict.fromkeys(keys) if k not in self.cpu]
-        if from_disk:
-            self.disk.prepare_load(from_disk)
-            self.disk.complete_load(from_disk)
-            self.cpu.update(from_disk)
-        return None
-
-    def complete_load(self, keys: Sequence[bytes]) -> None:
-        return None
-
-    def reset(self) -> None:
-        """The CPU tier is reset; the disk keeps its files."""
-        self.finish_promotions()
-        self.cpu.clear()
-        self._pending.clear()
-
-
-class PromotingPlanner(Planner):
-    """:class:`~reference.plan.Planner` over a :class:`TieredIndex`: a lookup starts after
-    the promotions of the step before landed, and one deferred on the promotions it
-    started is asked again once they landed (vLLM's scheduler asks again next step)."""
-
-    store: TieredIndex
-
-    def lookup(self, req_id: str, *args: Any, **kwargs: Any) -> int | None:
-        self.store.finish_promotions()
-        out = super().lookup(req_id, *args, **kwargs)
-        if out is None and self.store.promoting:
-            self.store.finish_promotions()
-            out = super().lookup(req_id, *args, **kwargs)
-        return out
-
-
-class PromotingEngine(Engine):
-    """:class:`~reference.economics.Engine` over a :class:`TieredIndex` through a
-    :class:`PromotingPlanner`.  A shared-prefix junction comes from a lookup whose
-    full-attention scan promoted nothing: vLLM's connector proves no full-attention
-    boundary (``full_attention_hit_boundary`` 0) when that scan found a chunk pending,
-    and a lookup that is not deferred is not asked again."""
-
-    index: TieredIndex
-
-    def __init__(self, chunking: Chunking, policy: Policy, budget: int, index: TieredIndex) -> None:
-        super().__init__(chunking, policy, budget, index)
-        self.planner = PromotingPlanner(chunking, index, policy)
-
-    def _junction(self, hashes: Sequence[bytes], n: int, computed: int, hit: int) -> int | None:
-        if self.index.promoting_full():
-            return None
-        return super()._junction(hashes, n, computed, hit)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ copies, page-aligned: :func:`reference.geometry.cpu_row_bytes` through
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from reference.knobs import Chunking
@@ -11,9 +12,30 @@ from vllm_adapter.cli.args import CliError
 from vllm_adapter.cli.result import CpuTier, GroupRow
 from vllm_adapter.planning import CpuRow
 
-__all__ = ["GiB", "cpu_tier", "group_rows"]
+__all__ = ["GiB", "cpu_tier", "group_rows", "machine_memory", "memory_note"]
 
 GiB = 1 << 30
+
+
+def machine_memory() -> int | None:
+    """This machine's physical memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def memory_note(cpu_bytes: int, memory: int | None = None) -> str | None:
+    """One line when ``cpu_bytes`` is more than this machine's memory (``memory``: that
+    memory, else :func:`machine_memory`): accepted, the figures are a model."""
+    memory = machine_memory() if memory is None else memory
+    if memory is None or cpu_bytes <= memory:
+        return None
+    return (
+        f"--cpu-bytes {cpu_bytes} ({cpu_bytes / GiB:.1f} GiB) is more than this machine's "
+        f"memory ({memory / GiB:.1f} GiB): accepted for modelling; the engine's host must "
+        "hold it as pinned memory"
+    )
 
 
 def cpu_tier(cpu_bytes: int | None, row: CpuRow, world_size: int, spec_name: str) -> CpuTier:

@@ -1,3 +1,4 @@
+# HELPER NOTE from the lead (delete this line before committing): read /work/wt42/HELPER_RULES.md first (deadline 00:15 UTC, nice -n 10, venvs, no nox).
 """``--disk-bytes`` and ``--sweep-disk``: what hit rate a disk of a given size gives.
 
 The workload is scaled to about a million prompt tokens of sessions over time
@@ -8,7 +9,13 @@ packed layout (per store job a file of its full-attention keys and one of its wi
 keys, as the tier writes them), each key one CPU-tier row of the chosen knob.
 Both eviction rules run: the reference's rule (leaves of the prefix structure first,
 least recently used among them; strands nothing) and plain per-file LRU (the
-baseline, whose stranded bytes are reported).  No vLLM import.
+baseline, whose stranded bytes are reported).  With ``--cpu-bytes``, ``--sweep-disk``
+serves the same workload a second time at the same disk sizes with vLLM's CPU tier in
+front of the disk, as operators run it (:func:`reference.tiered_curve.tiered_miss_ratio_curve`:
+``cpu_bytes_to_use // slot`` chunk slots, vLLM's request-scoped LRU, promotions at
+lookup, the disk fed only by the CPU->disk cascade of newly stored chunks).  The GPU
+prefix cache is cold in both series (there is no flag for another GPU cache).  No
+vLLM import.
 """
 
 from __future__ import annotations
@@ -21,10 +28,11 @@ from reference.disk_economics import DiskEconomics, miss_ratio_curve, scaled
 from reference.eviction import EvictionRule, Layout
 from reference.knobs import Chunking
 from reference.plan import Policy
+from reference.tiered_curve import TieredEconomics, tiered_miss_ratio_curve
 from reference.workload import Workload, requests
 from vllm_adapter.cli.args import CliError
 from vllm_adapter.cli.economics import save_plot
-from vllm_adapter.cli.result import DiskCurvePoint, DiskRun, DiskTier
+from vllm_adapter.cli.result import DiskCurvePoint, DiskRun, DiskTier, TieredDiskRun
 
 __all__ = ["DISK_SWEEP_POINTS", "disk_run", "disk_tier", "plot_disk_curve"]
 
@@ -53,6 +61,18 @@ def disk_run(e: DiskEconomics) -> DiskRun:
     )
 
 
+def tiered_run(e: TieredEconomics) -> TieredDiskRun:
+    """One disk behind the CPU tier, per million prompt tokens."""
+    return TieredDiskRun(
+        **vars(disk_run(e)),
+        keys_promoted_per_million=e.per_million(e.keys_promoted),
+        promotions_refused=e.promotions_refused,
+        cpu_stores_refused=e.cpu_stores_refused,
+        lookups_abandoned=e.lookups_abandoned,
+        hits_evicted_by_promotions=e.hits_evicted_by_promotions,
+    )
+
+
 def _scaling(workload: Workload, scaled_workload: Workload) -> str:
     given = sum(len(r.prompt) for r in requests(workload))
     return (
@@ -72,8 +92,12 @@ def disk_tier(
     sweep: bool,
     plot: Path | None,
     title: str,
+    cpu_bytes: int | None = None,
+    cpu_chunks: int | None = None,
 ) -> DiskTier | None:
-    """Both rules at ``disk_bytes`` and/or across :data:`DISK_SWEEP_POINTS` sizes."""
+    """Both rules at ``disk_bytes`` and/or across :data:`DISK_SWEEP_POINTS` sizes; with
+    ``cpu_chunks`` (the CPU tier's slots for ``cpu_bytes``), the sweep's sizes again with
+    that CPU tier in front of the disk."""
     if disk_bytes is None and not sweep:
         return None
     if chunking.alignment_tokens is None:
@@ -94,6 +118,7 @@ def disk_tier(
     if disk_bytes is not None:
         at_budget = tuple(disk_run(curve((disk_bytes,), rule)[0]) for rule in RULES)
     points: tuple[DiskCurvePoint, ...] | None = None
+    cpu_points: tuple[DiskCurvePoint, ...] | None = None
     if sweep:
         rule_curve = curve(DISK_SWEEP_POINTS, EvictionRule.REACHABLE)
         sizes = tuple(e.budget_bytes or 0 for e in rule_curve)
@@ -102,6 +127,17 @@ def disk_tier(
             DiskCurvePoint(size, disk_run(r), disk_run(lru))
             for size, r, lru in zip(sizes, rule_curve, lru_curve, strict=True)
         )
+        if cpu_chunks is not None:
+            tiered = {
+                rule: tiered_miss_ratio_curve(chunking, big, sizes, cpu_chunks, rule, key_bytes,
+                                              Layout.PACKED, policy)
+                for rule in RULES
+            }
+            cpu_points = tuple(
+                DiskCurvePoint(size, tiered_run(r), tiered_run(lru))
+                for size, r, lru in zip(sizes, tiered[EvictionRule.REACHABLE],
+                                        tiered[EvictionRule.LRU], strict=True)
+            )
     result = DiskTier(
         workload=big.name,
         scaling=_scaling(workload, big),
@@ -112,15 +148,22 @@ def disk_tier(
         at_budget=at_budget,
         curve=points,
         plot=None,
+        cpu_bytes=cpu_bytes if cpu_points is not None else None,
+        cpu_chunks=cpu_chunks if cpu_points is not None else None,
+        cpu_curve=cpu_points,
     )
     if plot is not None and points is not None:
-        plot_disk_curve(points, plot, f"{title}; {big.name}")
+        plot_disk_curve(points, plot, f"{title}; {big.name}", cpu_points, cpu_bytes)
         result = replace(result, plot=str(plot))
     return result
 
 
-def plot_disk_curve(points: tuple[DiskCurvePoint, ...], path: Path, title: str) -> None:
-    """A PNG: hit rate against disk size, both rules; LRU's stranded bytes beside."""
+def plot_disk_curve(
+    points: tuple[DiskCurvePoint, ...], path: Path, title: str,
+    cpu_points: tuple[DiskCurvePoint, ...] | None = None, cpu_bytes: int | None = None,
+) -> None:
+    """A PNG: hit rate against disk size, both rules, disk only and (with ``cpu_points``)
+    with the CPU tier in front; the stranded bytes beside."""
     try:
         import matplotlib
 
@@ -132,15 +175,23 @@ def plot_disk_curve(points: tuple[DiskCurvePoint, ...], path: Path, title: str) 
         ) from None
     xs = [p.budget_bytes / 1e9 for p in points]
     fig, (hits, stranded) = plt.subplots(1, 2, figsize=(12, 4.6))
-    hits.plot(xs, [p.rule.hit_rate for p in points], "o-", label="the rule (leaves first)")
-    hits.plot(xs, [p.lru.hit_rate for p in points], "s--", label="plain per-file LRU")
-    hits.set_ylabel("prompt tokens served from disk (hit rate)")
+    # (series name, its points, the rule's line style, LRU's)
+    series = [("disk only", points, "o-", "s--")]
+    if cpu_points is not None:
+        cpu = f"CPU tier in front ({cpu_bytes / 1e9:.1f} GB)" if cpu_bytes else "CPU tier in front"
+        series.append((cpu, cpu_points, "^:", "v-."))
+    for name, pts, rule_style, lru_style in series:
+        hits.plot(xs, [p.rule.hit_rate for p in pts], rule_style,
+                  label=f"the rule (leaves first), {name}")
+        hits.plot(xs, [p.lru.hit_rate for p in pts], lru_style,
+                  label=f"plain per-file LRU, {name}")
+        stranded.plot(xs, [p.lru.stranded_bytes / 1e9 for p in pts], lru_style,
+                      label=f"plain LRU, {name}")
+        stranded.plot(xs, [p.rule.stranded_bytes / 1e9 for p in pts], rule_style,
+                      label=f"the rule, {name}")
+    hits.set_ylabel("prompt tokens served from offload (hit rate)")
     hits.set_title("Miss-ratio curve")
-    stranded.plot(xs, [p.lru.stranded_bytes / 1e9 for p in points], "s--",
-                  label="plain LRU: stranded GB")
-    stranded.plot(xs, [p.rule.stranded_bytes / 1e9 for p in points], "o-",
-                  label="the rule: stranded GB")
-    stranded.set_ylabel("GB on disk no lookup can load (at the end)")
+    stranded.set_ylabel("GB on disk no lookup can load from the disk alone (at the end)")
     stranded.set_title("Stranded bytes")
     for ax in (hits, stranded):
         ax.set_xlabel("disk budget (GB)")

@@ -17,6 +17,7 @@ from vllm_adapter.cli.result import (
     Sizing,
     Sweep,
     SweepPoint,
+    TieredDiskRun,
     Traffic,
 )
 from vllm_adapter.metadata_model import OP_KINDS
@@ -525,6 +526,68 @@ DISK_CURVE_COLUMNS = (
 )
 
 
+CPU_CURVE_COLUMNS = (
+    "disk budget", "hit rate (rule)", "hit rate (LRU)", "chunks from disk/1M (rule)",
+    "chunks from disk/1M (LRU)", "files evicted/1M (rule)", "files evicted/1M (LRU)",
+    "recomputed for space/1M (rule)", "recomputed for space/1M (LRU)", "LRU stranded bytes",
+    "rule stranded bytes", "stores refused (rule)", "stores refused (LRU)",
+    "keys dropped (rule)", "bytes on disk (rule)", "bytes on disk (LRU)",
+    "lookups abandoned (rule)", "lookups abandoned (LRU)",
+    "hits evicted by promotions (rule)", "hits evicted by promotions (LRU)",
+)
+
+
+def _cpu_curve_text(disk: DiskTier, fmt: TableFormat) -> list[str]:
+    """The sweep's second series: vLLM's CPU tier in front of the disk."""
+    bullet = "* " if fmt == "markdown" else ""
+    if disk.cpu_curve is None:
+        return ["", f"{bullet}with vLLM's CPU tier in front of the disk: give --cpu-bytes (the "
+                "CPU tier's size) for that series"]
+    assert disk.cpu_bytes is not None and disk.cpu_chunks is not None
+    rows = []
+    for p in disk.cpu_curve:
+        r, lru = p.rule, p.lru
+        assert isinstance(r, TieredDiskRun) and isinstance(lru, TieredDiskRun)
+        rows.append([
+            f"{p.budget_bytes} ({human_bytes(p.budget_bytes)})",
+            f"{r.hit_rate:.1%}", f"{lru.hit_rate:.1%}",
+            _n(r.keys_promoted_per_million), _n(lru.keys_promoted_per_million),
+            _n(r.files_evicted_per_million), _n(lru.files_evicted_per_million),
+            _n(r.recomputed_for_space_per_million), _n(lru.recomputed_for_space_per_million),
+            f"{lru.stranded_bytes} ({human_bytes(lru.stranded_bytes)})",
+            f"{r.stranded_bytes} ({human_bytes(r.stranded_bytes)})",
+            str(r.stores_refused), str(lru.stores_refused), str(r.keys_dropped),
+            f"{r.bytes_on_disk} ({human_bytes(r.bytes_on_disk)})",
+            f"{lru.bytes_on_disk} ({human_bytes(lru.bytes_on_disk)})",
+            str(r.lookups_abandoned), str(lru.lookups_abandoned),
+            str(r.hits_evicted_by_promotions), str(lru.hits_evicted_by_promotions),
+        ])
+    return [
+        "",
+        f"with vLLM's CPU tier in front of the disk, as operators run it (--cpu-bytes "
+        f"{disk.cpu_bytes} ({human_bytes(disk.cpu_bytes)}): {disk.cpu_chunks} chunk slots, "
+        "one per key; the same disk sizes):",
+        "",
+        f"{bullet}the CPU tier: vLLM's LRU as the release ranks it (a request's keys tail "
+        "first while it runs, head last when it ends); a lookup that misses it asks the disk "
+        "and promotes what it finds there; the disk gets only the chunks the CPU tier newly "
+        "stores (one cascade per GPU->CPU store), never what it still holds; GPU prefix "
+        "cache cold",
+        f"{bullet}hit rate: prompt tokens the CPU tier or the disk served; chunks from disk: "
+        "chunks promoted from the disk to the CPU tier; stranded bytes: on disk at the end, "
+        "loadable by no lookup from the disk alone (a restarted engine, another engine on "
+        "the root), whatever the CPU tier holds; recomputed for space: against the same "
+        "CPU tier over an unbounded disk; lookups abandoned: requests whose hit needs more "
+        "chunk slots than the CPU tier has (each round's promotions evict the last "
+        "round's), served with no offload hit after 8 rounds; hits evicted by promotions: "
+        "lookups whose full-attention scan promoted chunks that evicted a chunk of their own "
+        "hit the CPU tier had answered for (vLLM's prepare_load asserts there; asked again "
+        "here)",
+        "",
+        render_table(CPU_CURVE_COLUMNS, rows, fmt, align=(_RIGHT,) * len(CPU_CURVE_COLUMNS)),
+    ]
+
+
 def _disk_text(disk: DiskTier, fmt: TableFormat) -> list[str]:
     bullet = "* " if fmt == "markdown" else ""
     sizes = ", ".join(f"group {g}: {human_bytes(b)}" for g, b in disk.key_bytes.items())
@@ -566,11 +629,13 @@ def _disk_text(disk: DiskTier, fmt: TableFormat) -> list[str]:
         ]
         out += [
             "",
-            "miss-ratio curve (--sweep-disk): hit rate against disk size, the rule and plain "
-            "LRU side by side (the last size: the unbounded run's peak bytes, nothing evicted):",
+            "miss-ratio curve (--sweep-disk), the disk only (no CPU tier): hit rate against "
+            "disk size, the rule and plain LRU side by side (the last size: the unbounded "
+            "run's peak bytes, nothing evicted):",
             "",
             render_table(DISK_CURVE_COLUMNS, rows, fmt, align=(_RIGHT,) * len(DISK_CURVE_COLUMNS)),
         ]
+        out += _cpu_curve_text(disk, fmt)
     if disk.plot:
         out += ["", f"{bullet}plot: {disk.plot}"]
     return out

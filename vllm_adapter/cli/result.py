@@ -47,6 +47,7 @@ __all__ = [
     "Sizing",
     "Sweep",
     "SweepPoint",
+    "TieredDiskRun",
     "Traffic",
     "VllmInfo",
     "WorkloadInfo",
@@ -232,6 +233,28 @@ class DiskRun:
 
 
 @dataclass(frozen=True)
+class TieredDiskRun(DiskRun):
+    """:class:`DiskRun` of a disk behind vLLM's CPU tier
+    (:func:`reference.tiered_curve.tiered_miss_ratio_curve`): :attr:`hit_rate` and
+    :attr:`hits_per_million` count the prompt tokens the CPU tier or the disk served; the
+    disk's figures are the disk's alone (stranded: unreachable from the disk alone)."""
+
+    keys_promoted_per_million: float = 0.0
+    """Chunks read from the disk into the CPU tier (a lookup found them there)."""
+    promotions_refused: int = 0
+    """Disk hits the CPU tier had no slot for (the lookup missed)."""
+    cpu_stores_refused: int = 0
+    """GPU->CPU stores the CPU tier had no room for (offered again next step)."""
+    lookups_abandoned: int = 0
+    """Lookups still deferred after promotions landed 8 times (a request whose hit needs
+    more CPU slots than the tier has: its promotions evict each other; served with no
+    offload hit)."""
+    hits_evicted_by_promotions: int = 0
+    """Lookups whose hit lost a chunk to a promotion the same lookup started (the CPU tier
+    had answered HIT for it; vLLM's ``prepare_load`` asserts there): asked again."""
+
+
+@dataclass(frozen=True)
 class DiskCurvePoint:
     """One disk size of ``--sweep-disk``: both rules."""
 
@@ -258,6 +281,13 @@ class DiskTier:
     curve: tuple[DiskCurvePoint, ...] | None
     """``--sweep-disk``: the miss-ratio curve, smallest disk first."""
     plot: str | None
+    cpu_bytes: int | None = None
+    """``--cpu-bytes``: the CPU tier in front of the disk in :attr:`cpu_curve`."""
+    cpu_chunks: int | None = None
+    """Chunk slots of that CPU tier (one per key)."""
+    cpu_curve: tuple[DiskCurvePoint, ...] | None = None
+    """``--sweep-disk`` with ``--cpu-bytes``: the same disk sizes with vLLM's CPU tier in
+    front (its runs are :class:`TieredDiskRun`)."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 from reference.knobs import BLOCKS_PER_CHUNK
 from reference.workload import Workload
 from vllm_adapter.cli.args import CliError, Request, spec_entries
-from vllm_adapter.cli.cpu_tier import GiB, cpu_tier, group_rows
+from vllm_adapter.cli.cpu_tier import GiB, cpu_tier, group_rows, memory_note
 from vllm_adapter.cli.derivation import derive, with_retention
 from vllm_adapter.cli.disk import disk_tier
 from vllm_adapter.cli.knob import knob as resolve_knob
@@ -143,6 +143,10 @@ def plan(request: Request, *, debug: bool = False) -> Sizing:
         notes.append(
             f'add "cpu_bytes_to_use" (--cpu-bytes) before serving: {request.spec_name} requires it'
         )
+    else:
+        note = memory_note(request.cpu_bytes)
+        if note is not None:
+            notes.append(note)
     if request.fs_tier is not None and request.spec_name == KVCHUNK_TIERING_SPEC_NAME \
             and DISK_BYTES_KEY not in request.fs_tier:
         notes.append(
@@ -175,6 +179,7 @@ def plan(request: Request, *, debug: bool = False) -> Sizing:
     disk = disk_tier(
         knob.chunking, workload, policy, key_bytes, request.disk_bytes, request.sweep_disk,
         request.plot if request.sweep_disk else None, title,
+        cpu_bytes=request.cpu_bytes, cpu_chunks=cpu.num_chunks,
     )
     return Sizing(
         kv_transfer_config=_kv_transfer_config(knob.knob_extra, request.cpu_bytes, request),
