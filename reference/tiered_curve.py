@@ -126,6 +126,7 @@ def tiered_miss_ratio_curve(
         for req, all_hashes in reqs[first:]:
             index.disk.observe(all_hashes)
             engine.serve(req, all_hashes)
+            index.disk.idle()  # no store pending: the rule's disk strands nothing
 
     # The unbounded disk, keeping (peak bytes so far, requests served, state) snapshots.
     index = new_index(2**62)
@@ -138,6 +139,7 @@ def tiered_miss_ratio_curve(
                               pickle.dumps((engine, index), pickle.HIGHEST_PROTOCOL)))
         index.disk.observe(all_hashes)
         engine.serve(req, all_hashes)
+        index.disk.idle()
     peak = index.disk.disk.peak_bytes
     served = engine.tally.gpu_hit + engine.tally.offload_hit
     unbounded = result(engine, index, None, served)
