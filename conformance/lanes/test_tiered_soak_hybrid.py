@@ -193,8 +193,7 @@ def test_hybrid_soak_small_budget_strands_nothing_when_idle(
     files_bytes = case.boundary_files * boundary_bytes(knob.chunking, row, case.layout)
     budget = budget_for_files(files_bytes)
     sessions, turns = (DEEP_SESSIONS, DEEP_TURNS) if DEEP else (SESSIONS, case.turns)
-    prompts = soak_prompts(case, int(os.environ.get("KVCHUNK_SOAK_SESSIONS", sessions)),
-                           int(os.environ.get("KVCHUNK_SOAK_TURNS", turns)))
+    prompts = soak_prompts(case, sessions, turns)
     record_property("fixture", case.fixture)
     record_property("knob", f"block_size={BLOCK_SIZE}, kvchunk {case.layout} fs tier, "
                     f"disk_bytes_to_use {budget} ({case.boundary_files} boundary-sized files), "
