@@ -328,3 +328,47 @@ def test_a_child_is_not_admitted_before_its_refused_parent_whatever_the_key_orde
         out = e.ledger.reserve(NS, [order], lambda ks: f"{NS}/x.kvp", lambda ks: FILE * len(ks),
                                positions)
         assert out == [], f"keys in order {[full.index(k) for k in order]} admitted: {out}"
+
+
+def test_a_window_chunk_whose_earlier_sibling_never_comes_is_not_admitted(tmp_path: Path) -> None:
+    """A key set with gaps, as vLLM's CPU-to-disk cascade offers one (#31): it carries only
+    the chunks the CPU tier newly stored, so a window chunk the CPU tier still holds never
+    reaches the disk.  A 64-token window of 32-token chunks: a hit at the prompt's last
+    boundary (chunk 3) needs window chunks 2 and 3.  Chunk 2's window key is not on the
+    root and ends before the store's last key: it will never come, so chunk 3's window key
+    could never serve a hit.  Once the stores completed (nothing in flight), nothing on
+    the root is stranded, by the ledger's own count and by the reference over the whole
+    chain, and chunk 3's full-attention key (whose prefix is whole) is kept."""
+    groups = (KVGroup(0, GroupKind.FULL, 16),
+              KVGroup(1, GroupKind.SLIDING_WINDOW, 16, sliding_window=64))
+    chunking = resolve(Geometry(groups, tokens_per_hash=16), BlocksPerChunk(2))
+    assert chunking.groups[1].window_in_chunks == 2, chunking.groups[1]
+    ledger = DB.RootLedger(str(tmp_path), 100 * FILE, EvictionRule.REACHABLE, reserve=0)
+    ledger.set_chunking(NS, chunking)
+    chain = prefix_block_hashes(list(range(128)), 16)
+    full, window = (group_keys(chain, gc) for gc in chunking.groups)
+    positions = {k: 32 * (i + 1) for keys in (full, window) for i, k in enumerate(keys)}
+
+    def store(keys: list[bytes], name: str) -> set[bytes]:
+        out = ledger.reserve(NS, [keys], lambda ks: f"{NS}/{name}.kvp",
+                             lambda ks: FILE * len(ks), positions)
+        assert out is not None, f"{name}: refused"
+        for path, ks in out:
+            (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / path).write_bytes(b"\0" * (FILE * len(ks)))
+        ledger.complete([(p, True) for p, _ in out])
+        return {k for _, ks in out for k in ks}
+
+    # the first turn's cascade: chunks 0-2, but chunk 2's window key stays in the CPU tier
+    store([full[0], window[0], full[1], window[1], full[2]], "first")
+    # the next step's cascade: chunk 3's keys only (chunk 2's window key is not new there)
+    admitted = store([full[3], window[3]], "next")
+    assert full[3] in admitted, "a full-attention key whose prefix is on the root was left out"
+    assert ledger.stranded_bytes() == 0, ledger.files(NS)
+    structure = PrefixStructure(chunking)
+    structure.observe(chain)
+    disk = Disk(structure)
+    space = ledger._space(NS)
+    for f in space.disk.files.values():
+        disk.add(f.keys, f.nbytes, ready=True)
+    assert not disk.stranded(), "the reference finds keys on the root that no lookup can load"

@@ -45,6 +45,7 @@ __all__ = [
     "BoundWatch",
     "ReferenceJudge",
     "budget_files",
+    "file_loads",
     "root_bytes",
     "full_attention_chunking",
     "quiescent_problems",
@@ -63,6 +64,12 @@ def full_attention_chunking(block_size: int, blocks_per_chunk: int) -> Chunking:
     """The reference chunking of one full-attention group hashed per block."""
     group = KVGroup(0, GroupKind.FULL, block_size)
     return resolve(Geometry((group,), tokens_per_hash=block_size), BlocksPerChunk(blocks_per_chunk))
+
+
+def file_loads(tier: S.KvchunkFileTierManager) -> int:
+    """Chunks ``tier`` loaded from files (chunk files, or packed sections)."""
+    c = tier.counters
+    return c.files_loaded if tier.layout == "per_chunk" else c.sections_loaded
 
 
 def root_bytes(root: Path | str) -> dict[str, int]:

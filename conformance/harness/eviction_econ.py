@@ -23,7 +23,10 @@ drives a secondary tier:
 * **admission**: a key that would arrive stranded is left out under the rule, with
   *pending windows* admitted (:class:`ChunkedPrefillDisk`): the Planner, in
   ``budget``-token steps, stores a boundary's window chunks before its full-attention
-  chunk, as vLLM does.
+  chunk, as vLLM does; a boundary is judged by its window siblings too
+  (``window_siblings``: one that ends before the store's last key and is not on disk
+  never comes, vLLM's CPU tier cascading only the chunks it newly stored), as the
+  tier's ledger admits.
 * **lookups**: a key the CPU tier holds is a hit there (the disk is not asked); any
   other key is looked up on the disk (:meth:`BudgetedIndex.lookup`: a hit refreshes
   its file's use time).
@@ -155,11 +158,12 @@ def predict(
     passes: int = 2,
     rule: EvictionRule = EvictionRule.REACHABLE,
     pending_windows: bool = True,
-    window_siblings: bool = False,
+    window_siblings: bool = True,
 ) -> list[PassCounts]:
     """Serve ``reqs`` ``passes`` times (cold GPU: the GPU prefix cache empty before every
     request) over :class:`TieredIndex` with a disk of ``budget_bytes``; counts per pass
-    (``window_siblings``: :meth:`Disk.arrives_stranded`'s option, off as the tier runs)."""
+    (``window_siblings``: :meth:`Disk.arrives_stranded`'s option, on as the tier runs it:
+    :meth:`vllm_adapter.disk.ledger.RootLedger.reserve`)."""
     disk = PackedBudgetedIndex(chunking, row_bytes, budget_bytes, rule, policy,
                                pending_windows=pending_windows, window_siblings=window_siblings)
     tiered = TieredIndex(disk)
@@ -204,7 +208,8 @@ def budgets(
 ) -> tuple[int, list[int]]:
     """The bytes pass 1 writes on an unbounded disk, and ``fractions`` of them, each at
     least the largest file of that run (so one file always fits)."""
-    disk = PackedBudgetedIndex(chunking, row_bytes, 2**62, EvictionRule.REACHABLE, policy)
+    disk = PackedBudgetedIndex(chunking, row_bytes, 2**62, EvictionRule.REACHABLE, policy,
+                               window_siblings=True)
     engine = PromotingEngine(chunking, policy, budget_tokens, TieredIndex(disk))
     engine.gpu_cache = GpuCache.COLD
     for req, all_hashes in hashed(list(reqs), chunking.tokens_per_hash):

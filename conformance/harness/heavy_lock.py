@@ -1,7 +1,8 @@
 """One memory-heavy lane per machine: the economics lanes' lock.
 
 The two economics lanes (``test_tiered_economics``, ``test_tiered_eviction_economics``)
-run real-model geometries (gemma-4, DeepSeek-V4) through vLLM's scheduler with a CPU tier
+and the hybrid soak (``test_tiered_soak_hybrid``, whose CPU tier is small but whose
+gemma-4 rows are 40 MiB) run real-model geometries (gemma-4, DeepSeek-V4) through vLLM's scheduler with a CPU tier
 that holds every chunk of a pass.  One such case peaks at about :data:`PEAK_RSS_GIB` GiB
 resident, against 24 GiB on the CI machine.  Measured on vLLM 0.34.0, ``ci`` profile,
 2026-12-05, with ``/usr/bin/time -v python -m pytest -p conformance.plugin CASE``:

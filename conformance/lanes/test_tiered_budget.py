@@ -161,12 +161,6 @@ def _serve(session: Any, judge: BC.ReferenceJudge, req_id: str, prompt: Sequence
     return req_id not in session.scheduler.requests
 
 
-def _file_loads(tier: S.KvchunkFileTierManager) -> int:
-    """Chunks the tier loaded from files (chunk files, or packed sections)."""
-    c = tier.counters
-    return c.files_loaded if tier.layout == "per_chunk" else c.sections_loaded
-
-
 def _record_budget(record_property: Callable[[str, Any], None], tier: S.KvchunkFileTierManager,
                    engine: str = "") -> dict[str, int]:
     """The tier's budget counters and file loads, as ``counter:budget_[<engine>_]<name>``."""
@@ -174,7 +168,7 @@ def _record_budget(record_property: Callable[[str, Any], None], tier: S.KvchunkF
     counts = {name: snap[name] for name in (
         "files_evicted", "bytes_evicted", "stores_refused", "keys_not_admitted",
         "orphans_removed", "reservations_reclaimed", "stranded_bytes")}
-    counts.update(file_loads=_file_loads(tier), load_failures=tier.counters.load_failures,
+    counts.update(file_loads=BC.file_loads(tier), load_failures=tier.counters.load_failures,
                   store_failures=tier.counters.store_failures)
     for name, value in counts.items():
         record_property(f"counter:budget_{engine + '_' if engine else ''}{name}", value)
@@ -257,7 +251,7 @@ def test_soak_small_budget_holds_strands_nothing_serves_right(
     assert snap["files_evicted"] > 0 and snap["bytes_evicted"] > budget, (
         f"the budget never turned over (evicted {snap['bytes_evicted']} bytes, budget "
         f"{budget}): {summary}")
-    assert _file_loads(tier) > 0 and stats.loaded_blocks_checked > 0, (
+    assert BC.file_loads(tier) > 0 and stats.loaded_blocks_checked > 0, (
         f"no load was served from files: {summary}")
     assert snap["stranded_bytes"] == 0, f"the tier's own model counts stranded bytes: {summary}"
     assert not tier.counters.bad_files, (
@@ -363,7 +357,7 @@ def test_two_engines_share_one_root_and_one_budget(
         shared = _prompt(rng, (), 4)
         assert _serve(a, judge, "a-shared", shared), "a-shared unfinished"
         check("after A stored the shared prompt")
-        b_loads, b_written = _file_loads(b_tier), set(written["B"])
+        b_loads, b_written = BC.file_loads(b_tier), set(written["B"])
         b_checked = b_runner.stats.loaded_blocks_checked
         assert b.reset_prefix_cache(), "GPU reset of B refused"
         # B's follower thread indexes A's files every POLL_SECONDS (lookups read the index
@@ -372,7 +366,7 @@ def test_two_engines_share_one_root_and_one_budget(
             b_tier._follow_ledger(force=True)
         assert _serve(b, judge, "b-shared", shared), "b-shared unfinished"
         check("after B served A's prompt")
-        served = _file_loads(b_tier) - b_loads
+        served = BC.file_loads(b_tier) - b_loads
         new_by_b = sorted(written["B"] - b_written)
     finally:
         for session in (a, b):
@@ -609,9 +603,9 @@ def _restart_after_kill(layout: str, root: Path, report: dict[str, Any], pid: in
     assert not after_serving, "after serving: " + "; ".join(after_serving) + f"; {summary}"
     assert not unfinished, f"{layout}: requests {unfinished} unfinished after the restart"
     assert stats.corrupted_loads == 0 and stats.foreign_bytes_changed == 0, stats.describe()
-    assert _file_loads(tier) >= 8 and tier.counters.load_failures == 0, (
+    assert BC.file_loads(tier) >= 8 and tier.counters.load_failures == 0, (
         f"the restarted engine did not serve the dead engine's two whole prompts from files "
-        f"({_file_loads(tier)} chunks loaded, {tier.counters.load_failures} failed): {summary}")
+        f"({BC.file_loads(tier)} chunks loaded, {tier.counters.load_failures} failed): {summary}")
 
 
 @pytest.mark.skipif(not SHM.is_dir(), reason="vLLM's shared region lives in /dev/shm (Linux)")
@@ -675,7 +669,7 @@ def test_a_store_over_the_budget_is_refused_and_recomputed(
     assert counters.lookup_hits == hits == 0 and counters.lookup_misses > misses, (
         f"a refused store was advertised: {counters.lookup_hits} lookup hits "
         f"({counters.lookup_misses - misses} misses when asked again): {summary}")
-    assert counters.load_failures == 0 and _file_loads(tier) == 0, (
+    assert counters.load_failures == 0 and BC.file_loads(tier) == 0, (
         f"a load of a file never written was tried: {summary}")
     assert stats.load_jobs == 0 and stats.corrupted_loads == 0 and stats.foreign_bytes_changed == 0, (
         f"the recomputed request was not served right: {summary}")

@@ -14,7 +14,7 @@ the CPU tier is reset and its region poisoned, and pass 2 serves the workload ag
 from the files the budget left.
 
 Each case is a fixture, a workload shape (:data:`SHAPES`) and a budget that forces
-evictions: a fraction (:data:`FRACTIONS`) of the bytes pass 1 writes to an unbounded
+evictions: a fraction (:data:`SHAPE_FRACTIONS`) of the bytes pass 1 writes to an unbounded
 disk, as the reference counts them, at least the largest file
 (:func:`conformance.harness.eviction_econ.budgets`).  In each pass these counts of the
 tier must **equal** the reference's prediction
@@ -30,8 +30,8 @@ tier must **equal** the reference's prediction
 
 Both sides go to the report (``econ:pass<n>:<count>`` and ``econ:pass<n>:predicted
 <count>`` properties).  The file tier's I/O is drained after every engine step
-(:func:`_run_drained`), so each cascade is written before the next one reserves, the
-order of events the prediction models.
+(:func:`conformance.harness.hybrid_tier.run_drained`), so each cascade is written before
+the next one reserves, the order of events the prediction models.
 
 What the prediction models (the module docstring of :mod:`conformance.harness.eviction_econ`
 states it in full): the reference's :class:`~reference.economics.Engine` and
@@ -47,7 +47,8 @@ refreshing it), and every chunk recomputed is stored again and cascaded again.  
 statements of intent the reference's pieces leave to the caller: a packed file's bytes
 are :func:`reference.packed.packed_file_bytes` of one CPU-tier row per section
 (:func:`reference.geometry.cpu_row_bytes`); and a store admits *pending windows*
-(:meth:`reference.eviction.Disk.arrives_stranded` with ``pending_windows``): the
+(:meth:`reference.eviction.Disk.arrives_stranded` with ``pending_windows`` and
+``window_siblings``, as the tier's ledger admits): the
 Planner, in :data:`BUDGET`-token steps, stores a boundary's window chunks before its
 full-attention chunk, as vLLM does.  Every expected number comes from the reference
 and the fixture's geometry; none from the tier under test.
@@ -60,7 +61,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from conformance.harness import eviction_econ as X  # noqa: E402
+from conformance.harness import hybrid_tier as H  # noqa: E402
 from conformance.harness import tiered as T  # noqa: E402
 from conformance.harness import vllm_harness_api as V  # noqa: E402
 from conformance.harness.cases import DSV4, GEMMA  # noqa: E402
@@ -84,8 +85,7 @@ pytestmark = [pytest.mark.data, pytest.mark.xdist_group("heavy")]
 OUTPUT_TOKENS = 2
 BUDGET = 256
 """Prefill tokens per step, vLLM's and the reference's alike."""
-RETENTION = 0
-"""vLLM's default ``prefix_cache_retention_interval`` (sparse)."""
+RETENTION = H.RETENTION
 
 SHAPES: dict[str, Workload] = {
     "disjoint": Workload(
@@ -98,6 +98,12 @@ SHAPES: dict[str, Workload] = {
         source="conformance shape", sessions=3, turns=2, system_tokens=0,
         turn_tokens=Span(600, 900), output_tokens=Span(OUTPUT_TOKENS, OUTPUT_TOKENS), seed=25,
     ),
+    "agentic": Workload(
+        name="agentic", description="the CLI's agentic preset (reference/workloads/agentic.toml) "
+        "scaled down: two sessions of three turns after a shared system prompt",
+        source="conformance shape", sessions=2, turns=3, system_tokens=768,
+        turn_tokens=Span(256, 640), output_tokens=Span(OUTPUT_TOKENS, OUTPUT_TOKENS), seed=26,
+    ),
 }
 """``disjoint``: every prompt is new and pass 2 asks for them in pass 1's order, so the
 budget has evicted a prompt's files by the time it comes back (nothing read in pass 2,
@@ -105,10 +111,18 @@ everything stored again).  ``conversations``: turn by turn round-robin, each sec
 extends its first (its files' parents are the first turn's), so pass 2 reads what the
 rule kept and stores the rest again.  At a quarter of the bytes the tier also refuses
 stores and leaves keys out as stranded; at the half budget of ``conversations`` and at
-the quarter budgets the rule evicts other files than a plain LRU would."""
+the quarter budgets the rule evicts other files than a plain LRU would.  ``agentic``: the shape of the
+CLI's agentic preset (a system prompt every session shares, each turn extending the
+session's last, tool outputs of a few hundred tokens), small enough for a CPU tier that
+holds a pass; it runs at the smallest point of ``--sweep-disk`` (an eighth of the
+bytes, :data:`vllm_adapter.cli.disk.DISK_SWEEP_POINTS`), where the rule refuses stores
+and leaves keys out rather than evicting."""
 
 FRACTIONS = {"budget=1/2": 0.5, "budget=1/4": 0.25}
 """The budgets: these fractions of the bytes pass 1 writes to an unbounded disk."""
+SMALLEST = {"budget=1/8": 0.125}
+"""The smallest disk ``--sweep-disk`` draws (1 of 8 points)."""
+SHAPE_FRACTIONS = {"disjoint": FRACTIONS, "conversations": FRACTIONS, "agentic": SMALLEST}
 
 DEEP = os.environ.get("KVCHUNK_PROFILE", "ci") == "deep"
 
@@ -129,15 +143,15 @@ class EvictionCase:
         return SHAPES[self.shape]
 
 
-GEMMA_CI = (("conversations", "budget=1/2"), ("disjoint", "budget=1/4"))
+GEMMA_CI = (("conversations", "budget=1/2"), ("disjoint", "budget=1/4"), ("agentic", "budget=1/8"))
 """gemma-4's rows are 40 MiB (2 ranks x 20 MiB): a pass writes one to two GiB of files.
-CI runs these two gemma cases (about 10-30 s each on a 2-core runner), ``deep`` all four."""
+CI runs these three gemma cases (about 10-30 s each on a 2-core runner), ``deep`` all five."""
 
 CASES = [
     # DeepSeek-V4: 2 MiB rows; the CPU tier holds every chunk of a pass.
-    *(EvictionCase(DSV4, s, b, 640, 1024) for s in SHAPES for b in FRACTIONS),
+    *(EvictionCase(DSV4, s, b, 640, 1024) for s in SHAPES for b in SHAPE_FRACTIONS[s]),
     # gemma-4: the CPU tier holds every chunk of a pass (about 90, 40 MiB each).
-    *(EvictionCase(GEMMA, s, b, 96, 512) for s in SHAPES for b in FRACTIONS
+    *(EvictionCase(GEMMA, s, b, 96, 512) for s in SHAPES for b in SHAPE_FRACTIONS[s]
       if DEEP or (s, b) in GEMMA_CI),
 ]
 
@@ -147,22 +161,9 @@ def _prompts(workload: Workload) -> list[WorkloadRequest]:
 
 
 def _driver(case: EvictionCase, root: Path, disk_bytes: int) -> Any:
-    from conformance.harness import safe_fs_faults as SF
-    from conformance.harness.fixture_runs import fixture_driver
-    from vllm_adapter.disk.ledger import budget_for_files
-    from vllm_adapter.names import KVCHUNK_CONNECTOR, connector_module
-
-    # the reference's disk holds ``disk_bytes`` of files; the tier's budget adds its ledger's
-    # reserve (the journal, the lock and the leases are inside disk_bytes_to_use)
-    spec = SF.kvchunk_tiering_spec(root, layout="packed",
-                                   disk_bytes_to_use=budget_for_files(disk_bytes),
-                                   eviction="reachable")
-    return fixture_driver(
-        case.fixture, {"block_size": 512}, num_gpu_blocks=case.num_gpu_blocks,
-        num_cpu_chunks=case.num_cpu_chunks, connector=KVCHUNK_CONNECTOR,
-        connector_module_path=connector_module(KVCHUNK_CONNECTOR), spec=spec,
-        retention_interval=RETENTION,
-    )
+    """The case's engine (:func:`conformance.harness.hybrid_tier.tier_driver`, packed)."""
+    return H.tier_driver(case.fixture, root, layout="packed", disk_bytes=disk_bytes,
+                         num_cpu_chunks=case.num_cpu_chunks, num_gpu_blocks=case.num_gpu_blocks)
 
 
 @dataclass(frozen=True)
@@ -213,29 +214,11 @@ def _record_hits(session: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, tup
     return hits
 
 
-def _run_drained(session: Any, *, max_seconds: float = 300.0) -> None:
-    """:func:`conformance.harness.tiered.run_until_idle`, draining the file tier's I/O after
-    every step: each cascade (store) and promotion (load) a step submits is done before
-    the next step, so stores reserve in job order, each one written before the next
-    reserves, as the prediction models.  (With vLLM's I/O threads left to run, a
-    request's next cascade can reserve while its last file is still being written; a
-    file being written cannot be evicted, so the rule takes another: the reference does
-    not model overlapping stores.)"""
-    deadline = time.monotonic() + max_seconds
-    while session.has_work():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"still busy after {max_seconds:.0f} s of steps")
-        session.step()
-        T.drain_files(session)
-        if not session.scheduler.running:
-            time.sleep(0.002)
-
-
 def _serve_passes(session: Any, tier: Any, prompts: list[tuple[int, ...]]) -> list[TierState]:
     """The economics lane's two passes (:func:`conformance.harness.tiered.run_workload_passes`),
-    file I/O drained after every step (:func:`_run_drained`): the GPU prefix cache reset
-    before every request; between the passes the CPU tier reset and its region poisoned.
-    The tier's state when each pass ended."""
+    file I/O drained after every step (:func:`conformance.harness.hybrid_tier.run_drained`):
+    the GPU prefix cache reset before every request; between the passes the CPU tier
+    reset and its region poisoned.  The tier's state when each pass ended."""
     from conformance.protocol.trace import RequestSpec
 
     states: list[TierState] = []
@@ -246,7 +229,7 @@ def _serve_passes(session: Any, tier: Any, prompts: list[tuple[int, ...]]) -> li
         for i, prompt in enumerate(prompts):
             assert session.reset_prefix_cache(), "GPU prefix-cache reset refused between requests"
             session.add_request(RequestSpec(f"p{n}r{i}", prompt, max_tokens=OUTPUT_TOKENS))
-            _run_drained(session)
+            H.run_drained(session)
             T.drain_files(session)
         states.append(_tier_state(tier))
     return states
@@ -289,9 +272,10 @@ def test_budgeted_packed_tier_evicts_keeps_and_reads_what_the_reference_predicts
     policy = dataclasses.replace(rules_for(V.VLLM_VERSION).policy, retention_interval=RETENTION)
     knob = fixture_knob(case.fixture, "block_size", 512)
     row = knob.row.row_bytes()
+    fractions = SHAPE_FRACTIONS[case.shape]
     total, sizes = X.budgets(knob.chunking, reqs, policy, row_bytes=row, budget_tokens=BUDGET,
-                             fractions=list(FRACTIONS.values()))
-    disk_bytes = dict(zip(FRACTIONS, sizes, strict=True))[case.budget]
+                             fractions=list(fractions.values()))
+    disk_bytes = dict(zip(fractions, sizes, strict=True))[case.budget]
     want = X.predict(knob.chunking, reqs, policy, row_bytes=row, budget_bytes=disk_bytes,
                      budget_tokens=BUDGET)
     record_property("econ:disk_bytes_to_use", disk_bytes)

@@ -338,7 +338,11 @@ class RootLedger(LedgerModel):
                        if k not in space.disk.file_of]
             bad: set[bytes] = set()
             if self.rule is EvictionRule.REACHABLE and offered:
-                bad = space.disk.arrives_stranded(offered, pending_windows=True)
+                # a window key is judged by its boundary's every key: a sibling that ends
+                # before the store's last key and is not on the root never comes (vLLM's
+                # CPU tier cascades only what it newly stored), so the key is left out
+                bad = space.disk.arrives_stranded(offered, pending_windows=True,
+                                                  window_siblings=True)
                 self.counters.add(keys_not_admitted=len(bad))
             for keys in files:
                 new = [k for k in dict.fromkeys(keys) if k not in space.disk.file_of

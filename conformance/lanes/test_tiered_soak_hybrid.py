@@ -1,0 +1,250 @@
+"""Faults lane, tiered: kvchunk's file tier under a small byte budget on the real hybrid
+geometries, a multi-turn soak that must strand nothing whenever the engine is idle.
+
+The budget lane (:mod:`conformance.lanes.test_tiered_budget`) soaks the synthetic
+one-group fixture.  Here the gemma-4-31B-it TP2 and DeepSeek-V4-Flash TP4 fixtures at
+``block_size: 512`` (full-attention and sliding-window groups: a boundary's hit needs
+its window chunks as well as its full-attention prefix) run through vLLM's real
+scheduler, connector and tiering manager over kvchunk's tier
+(:func:`conformance.harness.hybrid_tier.tier_driver`: eviction ``reachable``, both
+layouts) with:
+
+* a budget of a few boundary-sized files (:attr:`SoakCase.boundary_files` of
+  :func:`boundary_bytes`: the files of the keys one 512-token alignment step adds to a
+  boundary's hit);
+* a small CPU tier in front (:attr:`SoakCase.num_cpu_chunks` chunks, a few steps'
+  stores), so reuse comes from files and vLLM's CPU tier often still holds part of a
+  prefix whose files the disk evicted (its CPU-to-disk cascade carries only the chunks
+  it newly stored);
+* multi-turn sessions (:func:`soak_prompts`): each turn extends the session's previous
+  prompt and output, sessions served round-robin, some sharing a system prefix; the GPU
+  prefix cache reset before every request; the file tier's I/O drained after every
+  engine step (:func:`conformance.harness.hybrid_tier.run_drained`), so a run is
+  reproducible.
+
+After every request (the engine idle, no I/O in flight): the tier's own count of
+stranded bytes (``tier.budget.snapshot(stranded=True)``) is 0;
+:func:`conformance.harness.budget_checks.quiescent_problems` finds nothing (bytes within
+the budget, the ledger naming exactly the files on disk at their sizes, no key in two
+files, and no key on disk the reference finds stranded over the requests' whole hash
+chains); the root's bytes stayed within the budget after every finished job; no load
+was wrong.  At the end: files were evicted (more bytes than the budget) and loads were
+served from files.
+
+``ci`` soaks :data:`SESSIONS` sessions of :data:`TURNS` turns (60 requests) on DeepSeek-V4;
+``KVCHUNK_PROFILE=deep`` :data:`DEEP_SESSIONS` sessions of :data:`DEEP_TURNS` turns (160)
+on both fixtures (gemma-4 in ``deep`` only: :data:`GEMMA_TURNS`).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.testing.requires import require_vllm  # noqa: E402
+
+require_vllm()
+
+from conformance.harness import budget_checks as BC  # noqa: E402
+from conformance.harness import hybrid_tier as H  # noqa: E402
+from conformance.harness import safe_fs_faults as SF  # noqa: E402
+from conformance.harness import tiered as T  # noqa: E402
+from conformance.harness.cases import DSV4, GEMMA  # noqa: E402
+from conformance.harness.heavy_lock import one_heavy_lane_per_machine  # noqa: E402,F401 (autouse)
+from conformance.protocol import deviations  # noqa: E402
+from conformance.protocol.trace import RequestSpec  # noqa: E402
+from reference import packed as RP  # noqa: E402
+from reference.keys import GROUP_ID_BYTES  # noqa: E402
+from reference.knobs import Chunking  # noqa: E402
+from vllm_adapter.disk import tier as S  # noqa: E402
+from vllm_adapter.disk.ledger import budget_for_files  # noqa: E402
+
+pytestmark = [pytest.mark.faults, pytest.mark.xdist_group("heavy")]
+
+PROFILE = os.environ.get("KVCHUNK_PROFILE", "ci")
+DEEP = PROFILE == "deep"
+SESSIONS, TURNS = 4, 15
+GEMMA_TURNS = 6
+"""gemma-4's turns per session, were it in ``ci`` (24 requests, not 60): its 40 MiB rows
+make a request cost 10-27 s on a loaded 2-core machine (the synthetic runner checks
+every loaded block), so 60 would take 10-20 minutes a case.  Its cases run in ``deep``
+only (:data:`DEEP_SESSIONS` x :data:`DEEP_TURNS`): at 24 requests, vLLM 0.34.0, packed,
+every request ended with 0 stranded bytes (tier and reference) and 9 files were
+evicted, but no load was served from files (the CPU tier, which must hold a hit's 24
+and more rows, served every reuse), so the case proves nothing there."""
+DEEP_SESSIONS, DEEP_TURNS = 8, 20
+LAYOUTS = ("packed", "per_chunk")
+BLOCK_SIZE = 512
+STEP_TOKENS = 256
+"""Prefill tokens per engine step (``max_num_batched_tokens``): a boundary's window
+chunks are stored in steps before its full-attention chunk, as vLLM's chunked prefill
+does."""
+OUTPUT_TOKENS = 2
+KEY_BYTES = 32 + GROUP_ID_BYTES
+"""A key: vLLM's 32-byte block hash and the group index."""
+
+
+@dataclass(frozen=True)
+class SoakCase:
+    fixture: str
+    layout: str
+    num_cpu_chunks: int
+    """vLLM's CPU tier, in chunks of one row: a few steps' stores, far less than a session."""
+    num_gpu_blocks: int
+    boundary_files: int
+    """The files' budget, in boundary-sized files (:func:`boundary_bytes`)."""
+    system_tokens: int
+    turn_tokens: tuple[int, int]
+    """New user tokens per turn, drawn uniformly in this closed range."""
+    turns: int
+    """Turns per session in the ``ci`` profile (:data:`SESSIONS` sessions)."""
+
+    def __str__(self) -> str:
+        return f"{self.fixture}-block_size{BLOCK_SIZE}-soak-{self.layout}"
+
+
+CASES = [
+    # gemma-4: 40 MiB rows; a 512-token step adds 11 keys to a boundary's hit (2 window
+    # chunks of each of 5 sliding groups, 1 full-attention chunk); a deep boundary's hit
+    # needs 20 windows.  The CPU tier holds the largest hit and a step's store: a smaller
+    # one promotes a hit's files over and over (seen with 16 chunks: one request read
+    # 343 GB of files in 5 minutes and never finished).
+    *(SoakCase(GEMMA, layout, 40, 512, 4, 256, (64, 256), GEMMA_TURNS) for layout in LAYOUTS
+      if DEEP),
+    # DeepSeek-V4: 2 MiB rows; a 512-token step adds 12 keys to a hit.  A CPU tier that
+    # holds the budget serves every reuse (96 chunks over 4 boundaries' files: no file
+    # read in 50 requests), so the budget is 8 boundaries and the CPU tier half of it.
+    *(SoakCase(DSV4, layout, 48, 1024, 8, 256, (64, 256), TURNS) for layout in LAYOUTS),
+]
+
+
+def soak_prompts(case: SoakCase, sessions: int, turns: int, seed: int = 31
+                 ) -> list[tuple[str, tuple[int, ...]]]:
+    """``sessions x turns`` (request id, prompt); each turn's prompt is its session's
+    previous prompt, its output and new tokens.  The next request is the same session's
+    next turn half the time (a user answering at once), else a turn of another session
+    drawn at random.  Sessions start with one of two system prefixes (the first half of
+    them the first one, the others the second, every third none)."""
+    rng = random.Random(seed)
+
+    def tokens(n: int) -> tuple[int, ...]:
+        return tuple(rng.randrange(100, 60000) for _ in range(n))
+
+    systems = (tokens(case.system_tokens), tokens(case.system_tokens + 300))
+    history = [() if s % 3 == 2 else systems[0 if s < sessions // 2 else 1]
+               for s in range(sessions)]
+    left = dict.fromkeys(range(sessions), turns)
+    out: list[tuple[str, tuple[int, ...]]] = []
+    s = 0
+    while left:
+        if s not in left or rng.random() >= 0.5:
+            s = rng.choice(sorted(left))
+        prompt = history[s] + tokens(rng.randint(*case.turn_tokens))
+        history[s] = prompt + tokens(OUTPUT_TOKENS)
+        out.append((f"s{s}t{turns - left[s]}", prompt))
+        left[s] -= 1
+        if not left[s]:
+            del left[s]
+    return out
+
+
+def boundary_bytes(chunking: Chunking, row_bytes: int, layout: str) -> int:
+    """The bytes of the files that one alignment step (``alignment_tokens``) adds to a
+    boundary's hit: each full-attention group's chunks of the step, and each window
+    group's chunks of the step its window keeps (at most ``window_in_chunks``); packed, a
+    file of the full-attention keys and one of the window keys
+    (:func:`reference.packed.packed_file_bytes`); per chunk, a file a key."""
+    assert chunking.alignment_tokens is not None, "a hybrid fixture at block_size 512 aligns"
+    full = window = 0
+    for g in chunking.groups:
+        n = max(1, chunking.alignment_tokens // g.tokens_per_chunk)
+        if g.window_in_chunks is None:
+            full += n
+        else:
+            window += min(n, g.window_in_chunks)
+    if layout == "per_chunk":
+        return (full + window) * (S.HEADER_SIZE + row_bytes)
+    return sum(RP.packed_file_bytes([row_bytes] * n, [KEY_BYTES] * n) for n in (full, window) if n)
+
+
+def _serve(session: Any, judge: BC.ReferenceJudge, req_id: str, prompt: tuple[int, ...]) -> bool:
+    """Serve one request to the end, file I/O drained after every step; the judge learns
+    its whole hash chain.  Whether it finished."""
+    session.add_request(RequestSpec(req_id, prompt, max_tokens=OUTPUT_TOKENS))
+    request = session.scheduler.requests[req_id]
+    H.run_drained(session)
+    T.drain_files(session)
+    judge.observe(request.block_hashes)
+    return req_id not in session.scheduler.requests
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_hybrid_soak_small_budget_strands_nothing_when_idle(
+    case: SoakCase, tmp_path: Path, record_property: Any, request: pytest.FixtureRequest,
+) -> None:
+    from vllm_adapter.connector import resolve_for_vllm
+    from vllm_adapter.planning import fixture_knob
+
+    dev = deviations.find("kvchunk", "faults", str(case))
+    if dev is not None:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=dev.xfail_reason()))
+    knob = fixture_knob(case.fixture, "block_size", BLOCK_SIZE)
+    row = knob.row.row_bytes()
+    files_bytes = case.boundary_files * boundary_bytes(knob.chunking, row, case.layout)
+    budget = budget_for_files(files_bytes)
+    sessions, turns = (DEEP_SESSIONS, DEEP_TURNS) if DEEP else (SESSIONS, case.turns)
+    prompts = soak_prompts(case, sessions, turns)
+    record_property("fixture", case.fixture)
+    record_property("knob", f"block_size={BLOCK_SIZE}, kvchunk {case.layout} fs tier, "
+                    f"disk_bytes_to_use {budget} ({case.boundary_files} boundary-sized files), "
+                    f"{case.num_cpu_chunks} CPU chunks, {len(prompts)} requests")
+    driver = H.tier_driver(case.fixture, tmp_path, layout=case.layout, disk_bytes=files_bytes,
+                           num_cpu_chunks=case.num_cpu_chunks, num_gpu_blocks=case.num_gpu_blocks)
+    chunking, _ = resolve_for_vllm(driver.vllm_config, driver.kv_cache_config)
+    assert chunking == knob.chunking, f"{case}: the driver's chunking is not the fixture's knob"
+    session, runner = T.open_session(driver, STEP_TOKENS)
+    tier = SF.tier_of(session)
+    assert session.hash_block_size == chunking.geometry.tokens_per_hash, (
+        f"the engine hashes {session.hash_block_size}-token blocks, the reference chunking "
+        f"{chunking.geometry.tokens_per_hash}-token ones")
+    assert tier.layout == case.layout and tier.budget.budget == budget, (
+        tier.layout, tier.budget.budget)
+    judge = BC.ReferenceJudge(chunking)
+    watch = BC.BoundWatch(tier, tmp_path, budget, case.layout).install()
+    try:
+        for i, (req_id, prompt) in enumerate(prompts):
+            assert session.reset_prefix_cache(), f"GPU prefix-cache reset refused before {req_id}"
+            finished = _serve(session, judge, req_id, prompt)
+            snap = tier.budget.snapshot(stranded=True)
+            where = f"after request {i + 1} of {len(prompts)} ({req_id}, {len(prompt)} tokens; {snap})"
+            assert finished, f"request {req_id} did not finish; {where}"
+            assert not watch.excesses, f"bytes over the budget mid-flight: {watch.excesses[:3]}; {where}"
+            watch.check(f"request {req_id} drained")
+            assert snap["stranded_bytes"] == 0, f"the tier's own model counts stranded bytes {where}"
+            problems = BC.quiescent_problems([tier], tmp_path, budget, judge)
+            assert not problems, f"{where}: " + "; ".join(problems)
+            stats = runner.stats
+            assert stats.corrupted_loads == 0 and stats.foreign_bytes_changed == 0, (
+                f"wrong bytes served {where}: {stats.describe()}")
+    finally:
+        T.shutdown(session)
+    stats = runner.stats
+    snap = tier.budget.snapshot(stranded=True)
+    loads = BC.file_loads(tier)
+    for name in ("files_evicted", "bytes_evicted", "stores_refused", "keys_not_admitted",
+                 "stranded_bytes"):
+        record_property(f"counter:budget_{name}", snap[name])
+    record_property("counter:budget_file_loads", loads)
+    record_property("counter:budget_peak_disk_bytes", watch.peak)
+    summary = (f"{snap}; {tier.counters}; {stats.describe()}; {watch.checks} bound checks "
+               f"({watch.job_checks} after finished jobs), peak {watch.peak} of {budget} bytes")
+    assert snap["files_evicted"] > 0 and snap["bytes_evicted"] > budget, (
+        f"the budget never turned over: {summary}")
+    assert loads > 0 and stats.loaded_blocks_checked > 0, f"no load was served from files: {summary}"
+    assert tier.counters.load_failures == 0, f"a load failed: {summary}"
+    assert watch.job_checks > 0, f"the bound was never checked as jobs finished: {summary}"
