@@ -354,7 +354,7 @@ def _bullet_packed(bench: Mapping[str, Any]) -> str:
             if not mine:
                 parts.append(f"{t.text}: {NOT_MEASURED}")
                 continue
-            text = f"{t.text}: {_count_text(t, mine)}, ratios {_range(r['ratio'] for r in mine)}"
+            text = f"{t.text}: {_count_text(t, mine)}, ratios {_range(r[t.field] for r in mine)}"
             above = [r for r in mine if r.get("target_above_bound")]
             if above:
                 text += (f" ({len(above)} of {len(mine)} with the target above the mount's "
