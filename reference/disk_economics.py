@@ -17,10 +17,10 @@ The hit rate (:func:`miss_ratio_curve`, :func:`disk_economics`)
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from reference.curves import SNAPSHOTS, curve_from_snapshots
 from reference.economics import MILLION, _Engine, hashed
 from reference.eviction import Disk, EvictionRule, Layout, Overflow, prefix_closed_head
 from reference.keys import split_key
@@ -30,7 +30,7 @@ from reference.plan import Planner, Policy
 from reference.prefix_structure import PrefixStructure
 from reference.rules import WindowRule
 from reference.store import LookupResult, StorePlan
-from reference.workload import GpuCache, Workload, WorkloadRequest, requests
+from reference.workload import GpuCache, Workload, requests
 
 __all__ = [
     "SNAPSHOTS",
@@ -348,19 +348,6 @@ def _start(
     return engine
 
 
-def _serve_from(
-    engine: _Engine, index: BudgetedIndex,
-    reqs: Sequence[tuple[WorkloadRequest, Sequence[bytes]]],
-) -> None:
-    for req, all_hashes in reqs:
-        index.observe(all_hashes)
-        engine.serve(req, all_hashes)
-        index.idle()
-
-
-SNAPSHOTS = 32
-"""States of the unbounded run a curve keeps (evenly spaced in requests): a bounded run
-starts from the latest one it shares (see :func:`miss_ratio_curve`)."""
 
 
 def miss_ratio_curve(
@@ -413,43 +400,12 @@ def miss_ratio_curve(
             stores_cut=index.stores_cut, keys_cut=index.keys_cut,
         )
 
-    # The unbounded run, keeping (peak bytes so far, requests served, state) snapshots.
-    index = new_index(2**62)
-    engine = _start(chunking, policy, budget_of_run, index)
-    stride = max(1, -(-len(reqs) // SNAPSHOTS))
-    snapshots: list[tuple[int, int, bytes]] = []
-    for i, (req, all_hashes) in enumerate(reqs):
-        if i and i % stride == 0:
-            snapshots.append((index.disk.peak_bytes, i,
-                              pickle.dumps((engine, index), pickle.HIGHEST_PROTOCOL)))
-        index.observe(all_hashes)
-        engine.serve(req, all_hashes)
-        index.idle()
-    peak = index.disk.peak_bytes
-    served = engine.tally.gpu_hit + engine.tally.offload_hit
-    unbounded = result(engine, index, None, served)
-    if isinstance(sizes, int):
-        if sizes < 1:
-            raise ValueError(f"miss_ratio_curve: sizes must be >= 1 points, got {sizes}")
-        sizes = [max(1, peak * k // sizes) for k in range(1, sizes + 1)]
+    def start(size: int) -> tuple[_Engine, BudgetedIndex]:
+        index = new_index(size)
+        return _start(chunking, policy, budget_of_run, index), index
 
-    out = []
-    for size in sizes:
-        if size >= peak:
-            out.append(replace(unbounded, budget_bytes=size))
-            continue
-        start = next((s for s in reversed(snapshots) if s[0] <= size), None)
-        if start is None:
-            index = new_index(size)
-            engine = _start(chunking, policy, budget_of_run, index)
-            first = 0
-        else:
-            engine, index = pickle.loads(start[2])
-            index.budget = size
-            first = start[1]
-        _serve_from(engine, index, reqs[first:])
-        out.append(result(engine, index, size, served))
-    return tuple(out)
+    return curve_from_snapshots(reqs, sizes, start, lambda index: index, result,
+                                "miss_ratio_curve")
 
 
 def disk_economics(

@@ -26,12 +26,12 @@ it), so the curve continues from snapshots of the unbounded run, as
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from reference.cpu_lru import CpuLru
-from reference.disk_economics import SNAPSHOTS, BudgetedIndex, DiskEconomics
+from reference.curves import curve_from_snapshots
+from reference.disk_economics import BudgetedIndex, DiskEconomics
 from reference.economics import hashed
 from reference.eviction import EvictionRule, Layout, Overflow
 from reference.knobs import Chunking
@@ -122,46 +122,9 @@ def tiered_miss_ratio_curve(
             hits_evicted_by_promotions=index.hits_evicted_by_promotions,
         )
 
-    def serve(engine: PromotingEngine, index: TieredIndex, first: int) -> None:
-        for req, all_hashes in reqs[first:]:
-            index.disk.observe(all_hashes)
-            engine.serve(req, all_hashes)
-            index.disk.idle()  # no store pending: the rule's disk strands nothing
+    def start(size: int) -> tuple[PromotingEngine, TieredIndex]:
+        index = new_index(size)
+        return _start(chunking, policy, budget_tokens, index), index
 
-    # The unbounded disk, keeping (peak bytes so far, requests served, state) snapshots.
-    index = new_index(2**62)
-    engine = _start(chunking, policy, budget_tokens, index)
-    stride = max(1, -(-len(reqs) // SNAPSHOTS))
-    snapshots: list[tuple[int, int, bytes]] = []
-    for i, (req, all_hashes) in enumerate(reqs):
-        if i and i % stride == 0:
-            snapshots.append((index.disk.disk.peak_bytes, i,
-                              pickle.dumps((engine, index), pickle.HIGHEST_PROTOCOL)))
-        index.disk.observe(all_hashes)
-        engine.serve(req, all_hashes)
-        index.disk.idle()
-    peak = index.disk.disk.peak_bytes
-    served = engine.tally.gpu_hit + engine.tally.offload_hit
-    unbounded = result(engine, index, None, served)
-    if isinstance(sizes, int):
-        if sizes < 1:
-            raise ValueError(f"tiered_miss_ratio_curve: sizes must be >= 1 points, got {sizes}")
-        sizes = [max(1, peak * k // sizes) for k in range(1, sizes + 1)]
-
-    out = []
-    for size in sizes:
-        if size >= peak:
-            out.append(replace(unbounded, budget_bytes=size))
-            continue
-        start = next((s for s in reversed(snapshots) if s[0] <= size), None)
-        if start is None:
-            index = new_index(size)
-            engine = _start(chunking, policy, budget_tokens, index)
-            first = 0
-        else:
-            engine, index = pickle.loads(start[2])
-            index.disk.budget = size
-            first = start[1]
-        serve(engine, index, first)
-        out.append(result(engine, index, size, served))
-    return tuple(out)
+    return curve_from_snapshots(reqs, sizes, start, lambda index: index.disk, result,
+                                "tiered_miss_ratio_curve")
