@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 from vllm_adapter.cli import main, parse_bytes
 from vllm_adapter.cli.render import human_bytes
+from vllm_adapter.disk.tier_budget import POLL_SECONDS
 from vllm_adapter.render import render_table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -1077,11 +1078,11 @@ VLLM_FILE_READ = (0, 1, 0, 0, 0, 1, 0, 0)
 VLLM_MISS_PROBE = (0, 0, 0, 0, 0, 1, 0, 0)
 # kvchunk's packed tier: a store job that writes files is two ledger transactions (open lock,
 # flock, symlink held, open to replay, open to write, write, readlink + unlink held, release);
-# a file stored is a create + rename + an eviction's unlink + os.makedirs (stat, mkdir, stat) +
-# the write's poll (a stat); a file a load opens: open; a load job: its use records (open +
-# write).
+# a file stored is a create + rename + an eviction's unlink + the write's poll (a stat), and
+# no directory call (its directory exists after the first file); a file a load opens: open;
+# a load job: its use records (open + write).
 KVCHUNK_STORE_JOB = (0, 6, 0, 0, 0, 0, 10, 2)
-KVCHUNK_FILE_STORED = (1, 0, 1, 1, 3, 1, 0, 0)
+KVCHUNK_FILE_STORED = (1, 0, 1, 1, 0, 1, 0, 0)
 KVCHUNK_FILE_OPENED = (0, 1, 0, 0, 0, 0, 0, 0)
 KVCHUNK_LOAD_JOB = (0, 1, 0, 0, 0, 0, 0, 1)
 
@@ -1094,8 +1095,8 @@ def test_engines_per_file_system_are_the_reference_counts(model: str) -> None:
     512: each layout's metadata operations per million prompt tokens are the reference's
     files written, file opens (every load), load jobs and requests times each event's
     syscalls; one engine's rate at T; the engines N serves (vLLM's tier: N / rate; kvchunk's:
-    the last count whose engines, each with its ledger follower and its peers' files and
-    appends, fit); every format carries the numbers."""
+    the last count whose engines, each with its ledger follower and its peers' appends,
+    fit); every format carries the numbers."""
     tokens, capacity = 10_000, 5_000
     argv = [*models_512(model)[0], "--block-size", "512", "--prefill-tokens-per-s", str(tokens),
             "--fs-metadata-ops", str(capacity)]
@@ -1137,15 +1138,15 @@ def test_engines_per_file_system_are_the_reference_counts(model: str) -> None:
     chunk_rate = sum(want["per_chunk"]) * tokens / 1e6
     assert rows["per_chunk"]["ops_per_second"] == pytest.approx(chunk_rate)
     assert rows["per_chunk"]["engines"] == int(capacity // chunk_rate)
-    # kvchunk's: each engine adds its follower's 50 stats/s; each peer, an open per file it
-    # writes and a replay (7 operations) per append, at most one per 20 ms poll.
+    # kvchunk's: each engine adds its follower's stats (one per poll) and a replay (7
+    # operations) per peer's append, at most one per poll; a peer's file is not opened.
+    polls = 1 / POLL_SECONDS
     own = sum(want["packed"]) * tokens / 1e6
-    files = per_million(packed.files_written) * tokens / 1e6
     appends = per_million(2 * packed.jobs_written + e.load_jobs) * tokens / 1e6
-    assert rows["packed"]["ops_per_second"] == pytest.approx(own + 50)
+    assert rows["packed"]["ops_per_second"] == pytest.approx(own + polls)
 
     def each(n: int) -> float:
-        return own + 50 + (n - 1) * files + 7 * min(50.0, (n - 1) * appends)
+        return own + polls + 7 * min(polls, (n - 1) * appends)
 
     n = 0
     while (n + 1) * each(n + 1) <= capacity:

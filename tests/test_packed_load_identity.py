@@ -120,6 +120,30 @@ def test_a_load_of_an_unchanged_file_does_not_read_its_header(tmp_path: Path) ->
     assert error is None and not tier.file_io.header_reads(path)
 
 
+def test_a_peer_s_file_indexed_by_its_keys_is_parsed_at_its_first_load(tmp_path: Path) -> None:
+    """Another engine's file joins the index by the keys the root's ledger names, unopened
+    (``PackedIndex.add_keys``, the tier's follower): the keys are hits at once; the first
+    load reads the header, checks every section and gives the index the file's identity
+    and sections, so the next load reads no header.  A key the ledger names that the file
+    does not hold fails alone and leaves the index."""
+    writer, reader = Tier(tmp_path), Tier(tmp_path)
+    path, data = writer.store(A_KEYS)
+    stray = _key(9, 0)
+    reader.index.add_keys(path, [*A_KEYS, stray])
+    assert all(k in reader.index for k in A_KEYS) and reader.index.identity(path) is None
+    assert reader.file_io.reads == [], "indexing opened the file"
+    got, error = reader.load(A_KEYS)
+    assert error is None and got == data
+    assert reader.file_io.header_reads(path) == [(0, R.PAGE)]
+    assert reader.index.identity(path) == P.read_packed_index(path).identity
+    got, error = reader.load(A_KEYS[2:])
+    assert error is None and got == {k: data[k] for k in A_KEYS[2:]}
+    assert not reader.file_io.header_reads(path)
+    _, error = reader.load([stray])
+    assert error is not None and error.num_succeeded == 0 and stray not in reader.index
+    assert all(k in reader.index for k in A_KEYS)
+
+
 def test_no_read_of_a_load_bypasses_the_file_io_object(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -189,16 +213,19 @@ def test_a_flipped_payload_byte_fails_its_key_on_either_path(tmp_path: Path, mti
 
 def _two_files(tmp_path: Path, indexed: str) -> tuple[Tier, str, str, dict[bytes, bytes], os.stat_result]:
     """A tier with A's file and B's file stored; A's indexed by identity, or (``sections``)
-    without one; A's stat."""
+    without one, or (``keys``) by its keys alone, as a peer's file the ledger names; A's
+    stat."""
     tier = Tier(tmp_path)
     path, _ = tier.store(A_KEYS)
     other, other_data = tier.store(B_KEYS)
     if indexed == "sections":
         tier.index.add(path, P.read_packed_index(path).sections)
+    elif indexed == "keys":
+        tier.index.add_keys(path, A_KEYS)
     return tier, path, other, other_data, os.stat(path)
 
 
-@pytest.mark.parametrize("indexed", ["identity", "sections"])
+@pytest.mark.parametrize("indexed", ["identity", "sections", "keys"])
 def test_a_truncated_file_fails_only_its_keys(tmp_path: Path, indexed: str) -> None:
     """A file shortened by a page (its mtime put back: the size alone differs): the fast
     path's ``fstat`` sees another size, so the header is parsed, which finds the file short

@@ -53,6 +53,30 @@ def test_round_trip_and_layout(tmp_path: Path) -> None:
     assert [p.name for p in path.parent.iterdir()] == ["b.bin"], "a temporary file was left"
 
 
+def test_a_directory_is_made_only_when_the_create_finds_it_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store into a missing directory makes it; a store into an existing one makes no
+    directory call (each is a round trip to a shared file system's metadata server:
+    ``vllm_adapter.metadata_model`` counts none for a packed file)."""
+    io = S.ChunkIO(namespace=NS)
+    calls: list[str] = []
+    makedirs = os.makedirs
+
+    def counted(name: Any, *args: Any, **kwargs: Any) -> None:
+        calls.append(str(name))
+        makedirs(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "makedirs", counted)
+    first, second = tmp_path / "new" / "deep" / "a.bin", tmp_path / "new" / "deep" / "b.bin"
+    S.store_chunk(str(first), _payload(1), KEY, io)
+    assert calls[0] == str(first.parent)  # (os.makedirs makes its parent by calling itself)
+    made = list(calls)
+    S.store_chunk(str(second), _payload(2), KEY, io)
+    assert calls == made, "a directory call before a file in an existing directory"
+    assert _load(first, io) == bytes(_payload(1)) and _load(second, io) == bytes(_payload(2))
+
+
 @pytest.mark.parametrize(
     "damage, why",
     [

@@ -42,11 +42,12 @@ shares it through a journal under the root's lock (:mod:`vllm_adapter.disk.ledge
   release at ``close``: 9;
 * a store job that writes files (:data:`PACKED_STORE_JOB`; a job's files are reserved
   together and completed together): two ledger transactions, 18;
-* a file stored (:data:`PACKED_FILE`): the write's ledger poll (a ``stat``),
-  ``os.makedirs(exist_ok=True)`` of its ``packed/<2 hex>`` directory (``stat``, ``mkdir``
-  failing ``EEXIST``, ``stat``: 3), a create, a rename, and one unlink (a full budget in
-  steady state evicts about a file per file written; the eviction's record rides on the
-  reserve's append): 7;
+* a file stored (:data:`PACKED_FILE`): the write's ledger poll (a ``stat``), a create, a
+  rename, and one unlink (a full budget in steady state evicts about a file per file
+  written; the eviction's record rides on the reserve's append): 4.  No directory call:
+  the create makes its ``packed/<2 hex>`` directory only when it finds it missing
+  (:func:`vllm_adapter.disk.chunk_file.write_atomically`; 256 directories a namespace,
+  each made once, and the tier never removes one);
 * a file opened by a load (:data:`PACKED_LOAD`): its ``open`` (lookups answer from the
   in-memory index: none);
 * a load job (:data:`PACKED_LOAD_JOB`): its ``use`` records, appended at the engine's next
@@ -56,8 +57,9 @@ shares it through a journal under the root's lock (:mod:`vllm_adapter.disk.ledge
   appended since (at most once per poll) replays it under the lock
   (:data:`FOLLOWER_REPLAY`: ``open`` lock, ``flock``, ``symlink``, ``open`` journal,
   ``readlink``, ``unlink``, release: 7);
-* per engine and peer: the follower ``open``s each packed file another engine writes, to
-  read its header.
+* per engine and peer: nothing per file: the follower indexes each packed file another
+  engine writes from the keys the journal names, without opening it (a load opens it,
+  counted as :data:`PACKED_LOAD`).
 
 Not counted: a tier's start (its directory walk and header reads), journal compaction,
 ``config.json``, ``fstat`` on an open descriptor, and reads and writes of data.
@@ -144,7 +146,7 @@ PER_CHUNK_STORE = Ops(created=1, renamed=1, makedirs=1, lookups=1)
 PER_CHUNK_LOAD = Ops(opened=1, lookups=1)
 PER_CHUNK_MISS_PROBE = Ops(lookups=1)
 LEDGER_TRANSACTION = Ops(opened=3, ledger_locks=5, ledger_appends=1)
-PACKED_FILE = Ops(created=1, renamed=1, makedirs=3, lookups=1, unlinked=1)
+PACKED_FILE = Ops(created=1, renamed=1, lookups=1, unlinked=1)
 PACKED_STORE_JOB = LEDGER_TRANSACTION.times(2)
 PACKED_LOAD = Ops(opened=1)
 PACKED_LOAD_JOB = Ops(opened=1, ledger_appends=1)
@@ -181,7 +183,7 @@ class MetadataLayout:
     every peer's cost counted); ``None`` without ``--prefill-tokens-per-s``, or when an
     engine asks nothing."""
     ops_per_second_per_engine_at_engines: float | None
-    """What each of those engines asks then (its peers' files and appends included)."""
+    """What each of those engines asks then (its replays of its peers' appends included)."""
 
 
 @dataclass(frozen=True)
@@ -201,22 +203,22 @@ class MetadataEconomics:
 
 
 def engine_ops_per_second(n: int, per_engine: float, fixed: float = 0.0,
-                          peer_files: float = 0.0, peer_appends: float = 0.0) -> float:
+                          peer_appends: float = 0.0) -> float:
     """What each of ``n`` engines asks per second: ``per_engine`` (its traffic) + ``fixed``
-    (its follower's polls) + an ``open`` per file a peer writes (``peer_files`` per peer) +
-    :data:`FOLLOWER_REPLAY` per poll that finds the journal grown (``peer_appends`` per peer,
-    at most :data:`FOLLOWER_POLLS_PER_S`; only a tier with a follower, ``fixed`` > 0)."""
-    replays = min(float(FOLLOWER_POLLS_PER_S), (n - 1) * peer_appends) if fixed else 0.0
-    return per_engine + fixed + (n - 1) * peer_files + FOLLOWER_REPLAY.total * replays
+    (its follower's polls, a ``stat`` each) + :data:`FOLLOWER_REPLAY` per poll that finds
+    the journal grown (``peer_appends`` per peer, at most one per poll: ``fixed``; only a
+    tier with a follower, ``fixed`` > 0)."""
+    replays = min(fixed, (n - 1) * peer_appends)
+    return per_engine + fixed + FOLLOWER_REPLAY.total * replays
 
 
 def engines_served(capacity: float, per_engine: float, fixed: float = 0.0,
-                   peer_files: float = 0.0, peer_appends: float = 0.0) -> int | None:
+                   peer_appends: float = 0.0) -> int | None:
     """The largest ``E`` whose engines together ask at most ``capacity`` operations per
     second (``E x`` :func:`engine_ops_per_second` ``(E, ...)``); ``None`` when an engine
     asks nothing (no limit)."""
     def total(n: int) -> float:
-        return n * engine_ops_per_second(n, per_engine, fixed, peer_files, peer_appends)
+        return n * engine_ops_per_second(n, per_engine, fixed, peer_appends)
 
     if total(1) <= 0:
         return None
@@ -234,16 +236,15 @@ def engines_served(capacity: float, per_engine: float, fixed: float = 0.0,
     return low
 
 
-def _layout(e: Economics, name: str, ops: Ops, fixed: float, files_written: int,
+def _layout(e: Economics, name: str, ops: Ops, fixed: float,
             appends: int, capacity: int, tokens_per_s: int | None) -> MetadataLayout:
     per_million = ops.times(e.per_million(1))
     rate = None if tokens_per_s is None else tokens_per_s / MILLION
     own = None if rate is None else per_million.total * rate
-    peer_files = peer_appends = 0.0
+    peer_appends = 0.0
     if rate is not None and fixed:
-        peer_files = e.per_million(files_written) * rate
         peer_appends = e.per_million(appends) * rate
-    n = None if own is None else engines_served(capacity, own, fixed, peer_files, peer_appends)
+    n = None if own is None else engines_served(capacity, own, fixed, peer_appends)
     return MetadataLayout(
         layout=name,
         **{f"{k}_per_million": getattr(per_million, k) for k in OP_KINDS},
@@ -252,7 +253,7 @@ def _layout(e: Economics, name: str, ops: Ops, fixed: float, files_written: int,
         ops_per_second=None if own is None else own + fixed,
         engines=n,
         ops_per_second_per_engine_at_engines=None if own is None or not n
-        else engine_ops_per_second(n, own, fixed, peer_files, peer_appends),
+        else engine_ops_per_second(n, own, fixed, peer_appends),
     )
 
 
@@ -283,9 +284,9 @@ def metadata_economics(e: Economics, fs_metadata_ops: int | None = None,
         prefill_tokens_per_s=prefill_tokens_per_s,
         cached_fraction=cached,
         layouts=(
-            _layout(e, per_chunk.layout, per_chunk_ops, 0.0, per_chunk.files_written, 0,
+            _layout(e, per_chunk.layout, per_chunk_ops, 0.0, 0,
                     capacity, prefill_tokens_per_s),
             _layout(e, packed.layout, packed_ops, float(FOLLOWER_POLLS_PER_S),
-                    packed.files_written, appends, capacity, prefill_tokens_per_s),
+                    appends, capacity, prefill_tokens_per_s),
         ),
     )

@@ -20,7 +20,8 @@ from vllm_adapter.cli.result import (
     TieredDiskRun,
     Traffic,
 )
-from vllm_adapter.metadata_model import OP_KINDS
+from vllm_adapter.disk.tier_budget import POLL_SECONDS
+from vllm_adapter.metadata_model import FOLLOWER_POLLS_PER_S, OP_KINDS
 from vllm_adapter.render import Align, TableFormat, render_table
 
 __all__ = ["COLUMNS", "render", "render_markdown", "render_text"]
@@ -445,12 +446,13 @@ METADATA_MEANINGS = (
     "packed: kvchunk's tier: a file stored is two ledger transactions of 9 (open the lock "
     "file, flock, symlink the held lock, open the journal to replay other engines' records, "
     "open it to write, write, readlink and unlink the held lock, release), the write's "
-    "ledger poll (a stat), os.makedirs (stat, mkdir EEXIST, stat), a create, a rename and an "
-    "unlink (a full budget evicts about a file per file written): 25; a file opened by a "
-    "load: 1 (lookups answer from memory); a load job: 2 (its use records appended); per "
-    "engine, 50 stats/s (the ledger follower's 20 ms poll); per peer, a replay (7) per poll "
-    "that finds the journal grown (at most 50/s) and an open "
-    "of every file the peer writes (its header)",
+    "ledger poll (a stat), a create, a rename and an unlink (a full budget evicts about a "
+    "file per file written; no directory call: the create makes its directory only when it "
+    "finds it missing): 22; a file opened by a load: 1 (lookups answer from memory); a load "
+    f"job: 2 (its use records appended); per engine, {FOLLOWER_POLLS_PER_S} stats/s (the "
+    f"ledger follower's {POLL_SECONDS * 1000:g} ms poll); per peer, a replay (7) per poll "
+    f"that finds the journal grown (at most {FOLLOWER_POLLS_PER_S}/s); a peer's file is "
+    "indexed from the journal's keys, not opened",
     "every call counted as one operation at the server (no client metadata cache; a stat "
     "priced as a create, though 10-100x cheaper on the file systems of disk-anchors.md "
     "section 4); closes, data reads and writes, a tier's start and journal compaction are not "

@@ -388,12 +388,20 @@ def write_atomically(
     """Write a whole file at ``path``: ``write(fd)`` fills a unique temporary file in the same
     directory (``O_DIRECT`` when the tier uses it and ``direct``), fsync-ed if the tier asks,
     then renamed onto ``path``; on any failure the temporary file is removed and the error
-    raised.  A reader sees the old file or the new one, never part of one."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    raised.  A reader sees the old file or the new one, never part of one.
+
+    The directory is made only when the create finds it missing (no ``os.makedirs``
+    before every file, as vLLM's fs tier calls: on a shared file system each of its
+    ``stat`` / ``mkdir`` calls is a round trip to the metadata server, and the tier never
+    removes a directory, so in steady state the create alone succeeds)."""
     tmp = f"{path}.{os.getpid()}-{threading.get_ident()}-{os.urandom(4).hex()}{TEMP_SUFFIX}"
     flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | (O_DIRECT if io.o_direct and direct else 0)
     try:
-        fd = os.open(tmp, flags, 0o644)
+        try:
+            fd = os.open(tmp, flags, 0o644)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(tmp, flags, 0o644)
         try:
             write(fd)
             if io.fsync:

@@ -47,11 +47,6 @@ class TierFileIO:
         since it was indexed is read without its header), read with :meth:`preadv`."""
         PIO.load_packed_files(index, keys, view, offsets, size, io, self.preadv)
 
-    def read_packed_header(self, path: str, io: C.ChunkIO) -> P.PackedHeader:
-        """Packed layout: a file's verified header (its sections, its identity), for the
-        index; read with :meth:`preadv`."""
-        return P.read_packed_index(path, io.namespace, io.checksum, self.preadv)
-
     def preadv(self, fd: int, buffers: list[Any], offset: int) -> int:
         """Packed layout: every read of a packed file's header or sections (``os.preadv``)."""
         return os.preadv(fd, buffers, offset)

@@ -118,6 +118,17 @@ class PackedIndex:
                 self._where[key] = path
             self.generation += 1
 
+    def add_keys(self, path: str, keys: Iterable[bytes]) -> None:
+        """Index a file by its keys alone (another engine's, as the root's ledger names them),
+        without opening it: its first load reads and checks its header (the full path of
+        :func:`load_packed_files`), and the index takes its sections and identity then."""
+        with self._lock:
+            self._forget_keys(path)
+            self._files[path] = _File(tuple(bytes(k) for k in keys), None, None, None)
+            for key in self._files[path].keys:
+                self._where[key] = path
+            self.generation += 1
+
     def _entry(self, path: str) -> _File | None:
         """``path``'s entry (under the lock), a snapshot's built now."""
         entry = self._files.get(path)

@@ -401,11 +401,13 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
             for path in added:
                 if self.index.has_file(path):
                     continue
-                try:
-                    header = self.file_io.read_packed_header(path, self.io)
-                except OSError:
-                    continue
-                self.index.add(path, header)
+                # Indexed by the keys its ledger entry names, not opened: on a shared file
+                # system every open is a round trip to the metadata server, and each engine
+                # would open every file each peer writes; a load opens the file anyway and
+                # reads its header then (vllm_adapter.metadata_model counts no such open).
+                keys = self.budget.keys_of(path)
+                if keys:
+                    self.index.add_keys(path, keys)
 
     def stop_following(self, timeout: float = 5.0) -> None:
         """Stop the ``kvchunk-fs-follow`` thread (:meth:`shutdown` does; it also stops when
