@@ -69,3 +69,33 @@ def test_thread_counts_set_the_concurrency_of_each_direction() -> None:
     only_writes = base.with_threads(write=4, read=None)  # reads keep their 16 threads
     assert only_writes.seconds_per_file(small, "read") == pytest.approx(32e-3 / 16)
     assert only_writes.seconds_per_file(small, "write") == pytest.approx(16e-3 / 4)
+
+
+def test_a_shared_metadata_rate_floors_the_time_of_a_layouts_operations() -> None:
+    """1,000 files of 1 MB at 1 GB/s take 1 s whatever the per-file latency the threads
+    hide; a file system serving 1,000 metadata operations a second takes at least 4 s for
+    4,000 of them (vLLM's per-chunk store: access, directory stat, create, rename a file),
+    and says so; 500 operations (fewer files, packed) leave the bandwidth's 1 s.  A model
+    without a shared rate (a local disk) ignores the operations."""
+    shared = D.FsModel("shared", 2e-3, 16, 1e9, "test", metadata_ops_per_s=1000)
+    files = [(1000.0, 10**6)]
+    assert D.disk_time_of(shared, files, "write") == D.DiskTime(pytest.approx(1.0), "bandwidth")
+    assert D.disk_time_of(shared, files, "write", 4000) == D.DiskTime(pytest.approx(4.0),
+                                                                      "metadata")
+    assert D.disk_time_of(shared, files, "write", 500) == D.DiskTime(pytest.approx(1.0),
+                                                                     "bandwidth")
+    local = D.FsModel("local", 2e-3, 16, 1e9, "test")
+    assert D.disk_time_of(local, files, "write", 4000) == D.DiskTime(pytest.approx(1.0),
+                                                                     "bandwidth")
+    assert D.disk_time_of(shared, [], "read", 2000) == D.DiskTime(pytest.approx(2.0), "metadata")
+
+
+def test_the_shared_file_system_model_has_the_cli_s_default_metadata_rate() -> None:
+    """The assumed NFS/Lustre model's metadata service is the rate the engines-per-file-
+    system answer defaults to (one figure, one place), and the local disk has none."""
+    from vllm_adapter.metadata_model import DEFAULT_FS_METADATA_OPS
+
+    assert D.fs_model("nfs").metadata_ops_per_s == DEFAULT_FS_METADATA_OPS
+    assert D.fs_model("object-store").metadata_ops_per_s is None
+    if D.LOCAL_DISK is not None:
+        assert D.LOCAL_DISK.metadata_ops_per_s is None

@@ -14,6 +14,17 @@ The tier is **IOPS-bound** while the latency term wins and **bandwidth-bound**
 after; the crossover file size is ``file_latency_s x bandwidth_bps / concurrency``.
 Reads and writes may differ (:meth:`FsModel.direction`).
 
+A shared file system's metadata service is a **rate shared by every client**, not a
+latency the threads overlap (a CephFS MDS, a Lustre MDT): a model with
+``metadata_ops_per_s`` also floors the time of a layout's work at its metadata
+operations over that rate (:func:`disk_time_of` with ``metadata_ops``: the layout's
+creates, opens, renames, unlinks, directory calls, lookups and ledger operations,
+:func:`vllm_adapter.metadata_model.layout_ops`), and says ``metadata`` when that floor
+is the time.  Without it, per-file latency over threads hides any number of files
+behind bandwidth, and the model would predict no gain from fewer files on exactly the
+file systems packing is for (the bench's emulated metadata-bound mount measured packed
+stores many times faster than vLLM's per-chunk files: ``reports/bench.md``).
+
 :data:`FS_MODELS`: a local disk measured by the disk benchmark
 (``conformance/bench/test_bench_disk.py``), read from the latest
 ``reports/bench.json`` (:func:`local_disk_from_bench`, its date and commit in the
@@ -32,6 +43,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
+
+from vllm_adapter.metadata_model import DEFAULT_FS_METADATA_OPS, FS_METADATA_SOURCE
 
 __all__ = [
     "FS_MODELS",
@@ -70,6 +83,9 @@ class FsModel:
     """Read bandwidth; ``None``: as a write."""
     read_concurrency: int | None = None
     """Read threads; ``None``: as writes (vLLM's tier: 16 and 16)."""
+    metadata_ops_per_s: float | None = None
+    """The file system's metadata operations per second, shared by its clients (``None``:
+    a local disk, whose metadata the per-file latency already prices)."""
 
     def with_threads(self, write: int | None, read: int | None) -> FsModel:
         """This model on ``write`` / ``read`` I/O threads (``None``: unchanged): the tier's
@@ -149,15 +165,21 @@ def disk_time(model: FsModel, files: float, file_bytes: int, direction: Directio
 
 
 def disk_time_of(
-    model: FsModel, files: Iterable[tuple[float, int]], direction: Direction
+    model: FsModel, files: Iterable[tuple[float, int]], direction: Direction,
+    metadata_ops: float = 0.0,
 ) -> DiskTime:
     """:func:`disk_time` summed over ``(files, file_bytes)`` pairs: files of several sizes,
     each priced with its own bytes.  The bound is the one every size shares, ``"mixed"``
-    where they differ, ``"-"`` when nothing moves."""
+    where they differ, ``"-"`` when nothing moves.  ``metadata_ops``: the work's metadata
+    operations; on a model with a shared metadata rate the time is at least those
+    operations over it (bound ``"metadata"`` when that is longer)."""
     parts = [disk_time(model, n, size, direction) for n, size in files]
     bounds = {p.bound for p in parts} - {"-"}
     bound = "-" if not bounds else bounds.pop() if len(bounds) == 1 else "mixed"
-    return DiskTime(sum(p.seconds for p in parts), bound)
+    seconds = sum(p.seconds for p in parts)
+    if model.metadata_ops_per_s and metadata_ops / model.metadata_ops_per_s > seconds:
+        return DiskTime(metadata_ops / model.metadata_ops_per_s, "metadata")
+    return DiskTime(seconds, bound)
 
 
 def local_disk_from_bench(path: Path = BENCH_JSON) -> FsModel | None:
@@ -215,7 +237,9 @@ _ASSUMED: tuple[tuple[str, FsModel], ...] = (
         "assumed 2 ms per file (create + write + close: 2-3 metadata round trips of ~0.5-1 ms "
         "on a datacenter network; mdtest file-create rates of a few thousand/s per client are "
         "the usual published order for Lustre and NFS), 16 fs-tier threads, 2 GB/s "
-        "per client",
+        f"per client; its metadata service {DEFAULT_FS_METADATA_OPS:,} operations/s shared "
+        f"by every client ({FS_METADATA_SOURCE}), a floor on a layout's metadata operations",
+        metadata_ops_per_s=DEFAULT_FS_METADATA_OPS,
     )),
     ("object-store", FsModel(
         "object store via FUSE",

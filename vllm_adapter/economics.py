@@ -19,6 +19,7 @@ from reference.layout_economics import LayoutEconomics
 from reference.plan import Policy
 from reference.workload import Workload
 from vllm_adapter.disk_model import FsModel, disk_time_of
+from vllm_adapter.metadata_model import layout_ops
 from vllm_adapter.results import (
     BandwidthKnee,
     DiskTimeRow,
@@ -72,6 +73,7 @@ def fs_model_info(model: FsModel) -> FsModelInfo:
         read_bandwidth_bps=read.bandwidth_bps,
         crossover_bytes=model.crossover_bytes,
         source=model.source,
+        metadata_ops_per_s=model.metadata_ops_per_s,
     )
 
 
@@ -79,10 +81,12 @@ def _disk_row(
     model: FsModel,
     written: Sequence[tuple[float, int]],
     read: Sequence[tuple[float, int]],
+    ops: tuple[float, float] = (0.0, 0.0),
 ) -> DiskTimeRow:
-    """``written`` / ``read``: ``(files per million, bytes of each)`` pairs."""
-    w = disk_time_of(model, written, "write")
-    r = disk_time_of(model, read, "read")
+    """``written`` / ``read``: ``(files per million, bytes of each)`` pairs; ``ops``: the
+    stores' and the loads' metadata operations per million."""
+    w = disk_time_of(model, written, "write", ops[0])
+    r = disk_time_of(model, read, "read", ops[1])
     return DiskTimeRow(
         fs_model=model.name,
         write_seconds_per_million=w.seconds,
@@ -102,6 +106,8 @@ def layout_traffic(
     open (read, every load) priced at its own bytes."""
     written = layout.written_sizes(file_bytes)
     opened = layout.opened_sizes(file_bytes)
+    store_ops, load_ops = layout_ops(e, layout)
+    ops = (store_ops.total * e.per_million(1), load_ops.total * e.per_million(1))
     return LayoutTraffic(
         layout=layout.layout,
         files_written_per_million=e.per_million(layout.files_written),
@@ -120,6 +126,7 @@ def layout_traffic(
                 m,
                 [(e.per_million(n), size) for size, n in written],
                 [(e.per_million(n), size) for size, n in opened],
+                ops,
             )
             for m in models
         ),

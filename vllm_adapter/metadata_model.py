@@ -70,6 +70,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reference.economics import MILLION, Economics
+from reference.layout_economics import PER_CHUNK, LayoutEconomics
 from vllm_adapter.disk.tier_budget import POLL_SECONDS
 
 __all__ = [
@@ -91,6 +92,7 @@ __all__ = [
     "Ops",
     "engine_ops_per_second",
     "engines_served",
+    "layout_ops",
     "metadata_economics",
 ]
 
@@ -257,6 +259,21 @@ def _layout(e: Economics, name: str, ops: Ops, fixed: float,
     )
 
 
+def layout_ops(e: Economics, layout: LayoutEconomics) -> tuple[Ops, Ops]:
+    """``layout``'s metadata operations for the served workload ``e`` (totals of one pass):
+    those of its stores, and those of its loads and lookups.  vLLM's per-chunk tier
+    (:data:`PER_CHUNK_STORE` a file written; :data:`PER_CHUNK_LOAD` a file opened,
+    :data:`PER_CHUNK_MISS_PROBE` per request and group), else kvchunk's packed tier
+    (:data:`PACKED_FILE` a file, :data:`PACKED_STORE_JOB` a job that writes files;
+    :data:`PACKED_LOAD` a file opened, :data:`PACKED_LOAD_JOB` a load job)."""
+    if layout.layout == PER_CHUNK:
+        return (PER_CHUNK_STORE.times(layout.files_written),
+                PER_CHUNK_LOAD.times(layout.file_opens)
+                + PER_CHUNK_MISS_PROBE.times(e.requests * len(e.groups)))
+    return (PACKED_FILE.times(layout.files_written) + PACKED_STORE_JOB.times(layout.jobs_written),
+            PACKED_LOAD.times(layout.file_opens) + PACKED_LOAD_JOB.times(e.load_jobs))
+
+
 def metadata_economics(e: Economics, fs_metadata_ops: int | None = None,
                        prefill_tokens_per_s: int | None = None,
                        source: str | None = None) -> MetadataEconomics:
@@ -268,13 +285,8 @@ def metadata_economics(e: Economics, fs_metadata_ops: int | None = None,
     if source is None:
         source = FS_METADATA_SOURCE if fs_metadata_ops is None else "--fs-metadata-ops"
     per_chunk, packed = e.per_chunk, e.packed
-    per_chunk_ops = (PER_CHUNK_STORE.times(per_chunk.files_written)
-                     + PER_CHUNK_LOAD.times(per_chunk.file_opens)
-                     + PER_CHUNK_MISS_PROBE.times(e.requests * len(e.groups)))
-    packed_ops = (PACKED_FILE.times(packed.files_written)
-                  + PACKED_STORE_JOB.times(packed.jobs_written)
-                  + PACKED_LOAD.times(packed.file_opens)
-                  + PACKED_LOAD_JOB.times(e.load_jobs))
+    per_chunk_ops, packed_ops = (w + r for w, r in (layout_ops(e, per_chunk),
+                                                     layout_ops(e, packed)))
     appends = _PACKED_APPENDS_PER_STORE * packed.jobs_written + e.load_jobs
     cached = (e.gpu_hit_tokens + e.offload_hit_tokens) / e.prompt_tokens if e.prompt_tokens \
         else 0.0

@@ -36,6 +36,8 @@ class FsModelInfo:
     crossover_bytes: float
     """Write file size above which the model is bandwidth-bound."""
     source: str
+    metadata_ops_per_s: float | None = None
+    """The shared metadata service's rate (``None``: not modelled)."""
 
 
 @dataclass(frozen=True)

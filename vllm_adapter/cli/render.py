@@ -417,7 +417,9 @@ def _economics_tables(sizing: Sizing, fmt: TableFormat) -> list[str]:
         "",
         "modelled disk time per million prompt tokens (per file: max(latency / threads, "
         "file bytes / bandwidth); each file written priced with its own bytes, each file "
-        "open of every load with the bytes it reads):",
+        "open of every load with the bytes it reads; where the file system's metadata "
+        "service is a shared rate, at least the layout's metadata operations (below) over "
+        "it: bound 'metadata'):",
         "",
         render_table(DISK_COLUMNS, _disk_rows(sizing, t), fmt),
         "",
