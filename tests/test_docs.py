@@ -48,3 +48,29 @@ def test_the_eviction_curves_hold_what_semantics_section_10_claims() -> None:
             best, worst_one_file = max(best, tier, tier_vs_one_file), min(worst_one_file, one_file)
     assert best >= 5.0
     assert worst_one_file < -0.5, "the rule no longer loses on one file per job: update section 10"
+
+
+def test_the_curves_with_the_cpu_tier_in_front_hold_issue_31_s_target() -> None:
+    """``reports/disk-curves-cpu.md`` (``scripts/disk_curves_cpu.py``: the CLI's own
+    ``--sweep-disk --cpu-bytes`` figures): four curves of 8 points; in both series the rule
+    serves at least LRU's hits within 0.5 points, never strands a byte, and beats LRU by 5
+    points or more somewhere behind the CPU tier; the list of trailing points says none."""
+    import re
+
+    report = (DOC.parent.parent / "reports" / "disk-curves-cpu.md").read_text()
+    curves = re.split(r"^### ", report, flags=re.MULTILINE)[1:]
+    *curves, trailing = curves
+    assert len(curves) == 4, [c.splitlines()[0] for c in curves]
+    assert trailing.startswith("Points where the rule trails") and "\nNone.\n" in trailing
+    best = -100.0
+    for curve in curves:
+        assert "--cpu-bytes" in curve and "--sweep-disk" in curve, curve.splitlines()[0]
+        rows = [line.strip("|").split("|") for line in curve.splitlines()
+                if re.match(r"^\| [0-9.]+ GiB", line)]
+        assert len(rows) == 8, curve.splitlines()[0]
+        for cells in rows:
+            alone, front = float(cells[3]), float(cells[6])
+            assert min(alone, front) >= -0.5, (curve.splitlines()[0], cells)
+            assert cells[7].split("/")[0].strip() == "0.00 GiB", (curve.splitlines()[0], cells)
+            best = max(best, front)
+    assert best >= 5.0
