@@ -8,7 +8,8 @@ and the meta lane's check of the same case (:mod:`conformance.meta.mutants.catal
 Three tiers (:data:`TIERS`): ``vllm`` (vLLM's fs tier, ``batch_store_block``), and
 kvchunk's (:mod:`vllm_adapter.disk.tier`) in its two layouts, ``per_chunk``
 (``TierFileIO.store_chunks``, one call per chunk file) and ``packed``
-(``TierFileIO.store_packed``, one call per store job's file).  The probe of the tier's file
+(``TierFileIO.store_packed``, one call per store job's file; ``finish_packed`` for a
+file of a job split across the pool).  The probe of the tier's file
 I/O (:class:`conformance.harness.tiered.FileProbe` and kvchunk's) carries a ``store`` hook,
 :class:`StoreFaults`, that injects the fault (:data:`FAULTS`):
 
@@ -160,6 +161,17 @@ class StoreFaults:
             raise
 
 
+def _packed_store(store: Callable[..., Any], finish: Callable[..., Any]) -> Callable[..., Any]:
+    """The packed tier's write of one file, either kind (:class:`~conformance.harness.safe_fs_faults.PackedProbe`
+    hands its ``store`` hook a one-task store's ``store_packed`` call and a split store's
+    ``finish_packed`` call, whose first argument is the file's temporary file)."""
+
+    def real(first: Any, *args: Any, **kwargs: Any) -> Any:
+        return (finish if isinstance(first, P.PackedTemp) else store)(first, *args, **kwargs)
+
+    return real
+
+
 def install(tier: str, monkeypatch: pytest.MonkeyPatch, fault: str
             ) -> tuple[T.FileProbe, StoreFaults]:
     """The probe of ``tier``'s file I/O with a :class:`StoreFaults` hook (every tier of that
@@ -174,8 +186,9 @@ def install(tier: str, monkeypatch: pytest.MonkeyPatch, fault: str
         monkeypatch.setattr(KvchunkFileTierManager, "file_io_factory", lambda: module)
         if tier == "packed":
             probe = SF.PackedProbe()
-            real = module.store_packed
-            names = lambda path, keys, *_: [packed_name(k) for k in keys]  # noqa: E731
+            real = _packed_store(module.store_packed, module.finish_packed)
+            names = lambda first, keys, *_: [  # noqa: E731
+                packed_name(k) for k in (keys.keys if isinstance(first, P.PackedTemp) else keys)]
         else:
             probe = SF.ChunkProbe()
             real = module.store_chunks
