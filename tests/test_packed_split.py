@@ -285,3 +285,105 @@ def test_only_the_first_sub_task_reserves(tmp_path: Path) -> None:
     store._reserve = reserve
     assert run_on_threads(store.tasks) == []
     assert reserved == [1]
+
+
+# ---------------------------------------------------------------------------
+# A split load
+# ---------------------------------------------------------------------------
+
+
+def test_key_slices_cover_the_job_in_order() -> None:
+    from vllm_adapter.disk.packed_split import key_slices
+
+    for n_keys in range(0, 12):
+        for n in range(1, 6):
+            slices = key_slices(n_keys, n)
+            assert len(slices) == n
+            assert [i for s in slices for i in s] == list(range(n_keys))
+
+
+class Stored:
+    """Two packed files of a job's keys, indexed; loads as the tier's one-task path and as
+    its split path (:meth:`KvchunkFileTierManager._split_load_tasks`' accounting: ``end``
+    once, with the reservations ``begin`` took)."""
+
+    def __init__(self, root: Path) -> None:
+        from vllm_adapter.disk import packed_io as PIO
+
+        self.job = Job(root)
+        self.index = PIO.PackedIndex()
+        self.file_io = TierFileIO()
+        assert run_as_pool(self.job.split(3, Probe()).tasks, [0, 1, 2]) == []
+        for path, header in self.job.indexed.items():
+            self.index.add(path, header)
+        self.keys = list(reversed(self.job.keys))  # a load job's order need not be the file's
+        self.ends: list[tuple[Any, BaseException | None]] = []
+
+    def load_one(self) -> tuple[bytes, BaseException | None]:
+        view = memoryview(bytearray(len(self.keys) * ROW))
+        try:
+            self.file_io.load_packed(self.index, self.keys, view,
+                                     [i * ROW for i in range(len(self.keys))], ROW,
+                                     self.job.io)
+        except OSError as exc:
+            return bytes(view), exc
+        return bytes(view), None
+
+    def load_split(self, n: int, order: Sequence[int]) -> tuple[bytes, list[BaseException]]:
+        from vllm_adapter.disk.packed_split import SplitLoad
+
+        view = memoryview(bytearray(len(self.keys) * ROW))
+
+        def load(keys: Sequence[Any], offsets: Sequence[int]) -> None:
+            self.file_io.load_packed(self.index, keys, view, offsets, ROW, self.job.io)
+
+        split = SplitLoad(n, self.keys, [i * ROW for i in range(len(self.keys))],
+                          begin=lambda: "rids", load=load,
+                          end=lambda begun, error: self.ends.append((begun, error)))
+        raised = run_as_pool(split.tasks, order)
+        return bytes(view), raised
+
+    def expected(self) -> bytes:
+        rows = {k: self.job.data[i * ROW : (i + 1) * ROW] for i, k in enumerate(self.job.keys)}
+        return b"".join(rows[k] for k in self.keys)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 40])
+def test_a_split_load_reads_what_the_one_task_load_reads_in_any_order(
+    tmp_path: Path, n: int
+) -> None:
+    stored = Stored(tmp_path)
+    one, error = stored.load_one()
+    assert error is None and one == stored.expected()
+    got, raised = stored.load_split(n, list(range(n))[::-1])
+    assert raised == [] and got == one
+    assert stored.ends == [("rids", None)]
+
+
+def test_a_bad_section_fails_a_split_load_once_as_the_one_task_load_reports_it(
+    tmp_path: Path
+) -> None:
+    """A flipped byte in one section: the split load (slices run in reverse) raises once,
+    with the one-task load's ``num_succeeded`` (keys before the first failed key in job
+    order) and ``failed_by_file``; its key leaves the index; ``end`` runs once with it.
+    Every section is verified on the split path too (the flip is found)."""
+    stored = Stored(tmp_path)
+    bad_key = stored.keys[len(stored.keys) * 2 // 3]
+    path, section = stored.index.get(bad_key)
+    assert section is not None
+    with open(path, "r+b") as f:
+        f.seek(section.offset + 17)
+        byte = f.read(1)
+        f.seek(section.offset + 17)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    _, raised = stored.load_split(4, [3, 2, 1, 0])
+    assert len(raised) == 1 and isinstance(raised[0], OSError), raised
+    assert stored.ends == [("rids", raised[0])]
+    assert bad_key not in stored.index
+    assert raised[0].num_succeeded == stored.keys.index(bad_key)  # type: ignore[attr-defined]
+    assert raised[0].failed_by_file == {path: [bad_key]}  # type: ignore[attr-defined]
+    stored.index.add(path, P.read_packed_index(path, NS, C.CHECKSUM).sections)  # key back
+    _, one = stored.load_one()
+    assert one is not None and one.num_succeeded == raised[0].num_succeeded  # type: ignore[attr-defined]
+    failed_one = {p: ks for p, ks in one.failed_by_file.items() if ks}  # type: ignore[attr-defined]
+    assert failed_one == raised[0].failed_by_file  # type: ignore[attr-defined]
