@@ -1,5 +1,5 @@
-"""Packed store and load jobs split across the tier's I/O pool (issue #30 item 1: queue
-depth inside a job).
+"""A packed store job split across the tier's I/O pool (issue #30 item 1: queue depth
+inside a job).
 
 A store job whose new sections pass :data:`PART_BYTES` is handed to vLLM's pool as
 ``n`` sub-tasks (:func:`part_count`; vLLM's ``JobState`` finishes the job when all ``n``
@@ -21,15 +21,6 @@ the sub-tasks that failed before it return, so the pool fails the job once.  The
 are byte for byte what the one-task store (:func:`~vllm_adapter.disk.packed_file.store_packed`)
 writes.  Every file operation goes through the tier's
 :class:`~vllm_adapter.disk.fileio.TierFileIO`.
-
-A load job of as many bytes is ``n`` sub-tasks too (:class:`SplitLoad`): each loads a
-contiguous slice of the job's keys (:func:`key_slices`) as the one-task load does (each
-file it needs opened once, adjacent sections in one read, **every section verified
-against its checksum**); the first takes the reservations the job reads, the last
-reports the job's failure once, as the one-task load reports it (``num_succeeded``: the
-keys before the first failed key in job order; ``failed_by_file``: every slice's failed
-keys).  A file whose identity changed since it was indexed is parsed by each slice that
-reads it (a bad header then counts once per such slice in ``bad_files``).
 """
 
 from __future__ import annotations
@@ -45,8 +36,7 @@ from vllm_adapter.disk import packed_file as P
 from vllm_adapter.disk.chunk_file import ChunkIO
 from vllm_adapter.disk.fileio import TierFileIO
 
-__all__ = ["MAX_PARTS", "PART_BYTES", "Part", "SplitLoad", "SplitStore", "key_slices", "part_count",
-           "split_parts"]
+__all__ = ["MAX_PARTS", "PART_BYTES", "Part", "SplitStore", "part_count", "split_parts"]
 
 PART_BYTES = 8 << 20
 """A store job is split into sub-tasks of at least this many payload bytes: below it, the
@@ -210,86 +200,3 @@ class SplitStore:
         if error is not None:
             self._failed(error)
             raise error
-
-
-def key_slices(n_keys: int, n: int) -> list[range]:
-    """A load job's keys (job order) cut into ``n`` contiguous slices of about equal size
-    (the last ones empty when there are fewer keys than ``n``)."""
-    step = -(-n_keys // n) if n_keys else 0
-    return [range(min(i * step, n_keys), min((i + 1) * step, n_keys)) for i in range(n)]
-
-
-class SplitLoad:
-    """One load job's shared state across its ``n`` sub-tasks (:attr:`tasks`), each loading
-    a contiguous slice of the job's keys (:func:`key_slices`) with ``load(keys, offsets)``.
-
-    ``begin()`` runs once, in the first sub-task, before any load (the reservations the
-    job reads); ``end(begun, error)`` runs once, in the last, with what ``begin`` returned
-    and the job's error: an ``OSError`` whose ``num_succeeded`` counts the keys before the
-    first failed key in job order and whose ``failed_by_file`` joins every slice's (or the
-    first other exception; None when every slice loaded).  The last sub-task raises it,
-    once; a slice that failed before returns."""
-
-    def __init__(
-        self, n: int, keys: Sequence[Any], offsets: Sequence[int], *,
-        begin: Callable[[], Any], load: Callable[[Sequence[Any], Sequence[int]], None],
-        end: Callable[[Any, BaseException | None], None],
-    ) -> None:
-        self._keys, self._offsets = list(keys), list(offsets)
-        self._slices = key_slices(len(self._keys), n)
-        self._begin, self._load, self._end = begin, load, end
-        self._lock = threading.Lock()
-        self._began = False
-        self._begun: Any = None
-        self._begin_error: BaseException | None = None
-        self._errors: dict[int, BaseException] = {}
-        self._done = 0
-        self.tasks: list[Callable[[], None]] = [functools.partial(self.run, i)
-                                                for i in range(n)]
-        """The sub-tasks, one per slice; any order, any thread."""
-
-    def run(self, i: int) -> None:
-        """Sub-task ``i``: begin if first, load slice ``i``, end the job if last."""
-        try:
-            with self._lock:
-                if not self._began:
-                    self._began = True
-                    try:
-                        self._begun = self._begin()
-                    except BaseException as exc:
-                        self._begin_error = exc
-            s = self._slices[i]
-            if self._begin_error is None and len(s):
-                try:
-                    self._load(self._keys[s.start : s.stop], self._offsets[s.start : s.stop])
-                except Exception as exc:
-                    with self._lock:
-                        self._errors[i] = exc
-        finally:
-            with self._lock:
-                self._done += 1
-                last = self._done == len(self._slices)
-        if last:
-            error = self._error()
-            self._end(self._begun, error)
-            if error is not None:
-                raise error
-
-    def _error(self) -> BaseException | None:
-        """The job's error: the first slice's that failed, in job order, as one ``OSError``."""
-        if self._begin_error is not None:
-            return self._begin_error
-        if not self._errors:
-            return None
-        first = min(self._errors)
-        exc = self._errors[first]
-        if not isinstance(exc, OSError):
-            return exc
-        failed_by_file: dict[str, list[bytes]] = {}
-        for i in sorted(self._errors):
-            for path, keys in getattr(self._errors[i], "failed_by_file", {}).items():
-                failed_by_file.setdefault(path, []).extend(keys)
-        exc.num_succeeded = (  # type: ignore[attr-defined]
-            self._slices[first].start + int(getattr(exc, "num_succeeded", 0)))
-        exc.failed_by_file = failed_by_file  # type: ignore[attr-defined]
-        return exc

@@ -50,8 +50,7 @@ its window keys (the groups with a window) the sections of another
 and completed together, so that the eviction rule can evict a window file alone.  A job
 of at least twice ``store_part_bytes`` (8 MiB) of new sections is written by several
 tasks of vLLM's pool, one contiguous range of sections each, the first reserving, the
-last writing the headers and completing; a load job as large is several tasks, one
-slice of its keys each (:mod:`vllm_adapter.disk.packed_split`).  The
+last writing the headers and completing (:mod:`vllm_adapter.disk.packed_split`).  The
 packed tier answers ``lookup(key)`` from an in-memory index, key -> (file, section),
 which it fills when it starts from its index snapshot (one file written at shutdown and
 every ``SNAPSHOT_SECONDS`` while the index changes, validated against a listing:
@@ -124,7 +123,7 @@ from vllm_adapter.disk.options import (
 )
 from vllm_adapter.disk.packed_io import IndexStart, PackedIndex
 from vllm_adapter.disk.packed_snapshot import SNAPSHOT_FILE
-from vllm_adapter.disk.packed_split import PART_BYTES, SplitLoad, SplitStore, part_count
+from vllm_adapter.disk.packed_split import PART_BYTES, SplitStore, part_count
 from vllm_adapter.disk.tier_budget import (
     POLL_SECONDS,
     TierBudget,
@@ -221,8 +220,6 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
     store_part_bytes: int = PART_BYTES
     """A packed store job is split into sub-tasks of at least this many payload bytes
     (:mod:`~vllm_adapter.disk.packed_split`); a test lowers it to split small jobs."""
-    load_part_bytes: int = PART_BYTES
-    """A packed load job is split into slices of its keys of at least this many bytes."""
 
     def __init__(
         self,
@@ -601,12 +598,6 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         offsets = [int(cid) * self._block_size for cid in job_metadata.chunk_ids]
         if self.layout == "packed":
             files = list(dict.fromkeys(w[0] for k in keys if (w := self.index.get(bytes(k)))))
-            n = part_count(len(keys) * self._block_size, self._store_threads(),
-                           self.load_part_bytes)
-            if n > 1:  # queue depth inside the job: slices of its keys on n pool threads
-                self._pool.enqueue_load(job_id, n, self._split_load_tasks(
-                    job_id, n, keys, offsets, files))
-                return
 
             def load() -> None:
                 self.file_io.load_packed(self.index, keys, self._primary_kv_view, offsets,
@@ -632,36 +623,10 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
             finally:
                 self.budget.touch(files, rids)  # journaled in batches
 
-        # One task per job, as vLLM's tier, below load_part_bytes x 2.  One task per file of a
-        # job was tried: on the 2-core bench VM it did not read faster (0.72-0.80x vLLM's
-        # per-chunk loads, one task per job 0.71-0.96x over two runs of nox -s bench,
-        # 2026-12-04); slices of a large job's keys do (scripts/bench_packed_split.py).
+        # One task per job, as vLLM's tier.  One task per file of a job was tried: on the
+        # 2-core bench VM it did not read faster (0.72-0.80x vLLM's per-chunk loads, one task
+        # per job 0.71-0.96x over two runs of nox -s bench, 2026-12-04), so vLLM's shape stays.
         self._pool.enqueue_load(job_id, 1, [load_task])
-
-    def _split_load_tasks(self, job_id: Any, n: int, keys: list[Any], offsets: list[int],
-                          files: list[str]) -> list[Any]:
-        """A packed load job as ``n`` sub-tasks (:class:`~vllm_adapter.disk.packed_split.SplitLoad`),
-        with the one-task load's accounting, once per job: the reservations read, taken
-        before any slice loads; on failure the keys before the first failed key in job
-        order written to ``_load_progress`` before the pool publishes the job, one
-        ``load_failures``, the failed files and keys accounted; the files touched."""
-
-        def load(keys_: Sequence[Any], offsets_: Sequence[int]) -> None:
-            self.file_io.load_packed(self.index, keys_, self._primary_kv_view, offsets_,
-                                     self._block_size, self.io)
-
-        def end(rids: dict[str, str], error: BaseException | None) -> None:
-            try:
-                if isinstance(error, OSError):
-                    self._load_progress[job_id] = int(getattr(error, "num_succeeded", 0))
-                    self.counters.add(load_failures=1)
-                    self._account_failed_load(files, rids, getattr(error, "failed_by_file", {}))
-            finally:
-                if rids is not None:
-                    self.budget.touch(files, rids)
-
-        return SplitLoad(n, keys, offsets, begin=lambda: self.budget.rids(files), load=load,
-                         end=end).tasks
 
 
 def _follow_root(tier_ref: weakref.ref[KvchunkFileTierManager], stop: threading.Event) -> None:
