@@ -216,7 +216,8 @@ class PackedProbe(T.FileProbe):
     and ``load_packed`` (one call per load job); a loaded key is recorded as a name of its group
     (``packed_g<group>/<key>.bin``), so ``read_per_group`` counts sections read per group.
     ``files_written`` counts files.  The ``store`` hook sees both kinds of call (a split
-    file's: ``(temp, plan, sums, io)``, its keys ``plan.keys``).
+    file's: ``(temp, plan, sums, io)``, its keys ``plan.keys``); a split file's
+    ``open_packed`` and ``store_packed_part`` calls that raise are store failures too.
     """
 
     files_written: int = 0
@@ -262,8 +263,21 @@ class PackedProbe(T.FileProbe):
             with self._lock:
                 self.loaded.extend(paths)
 
+        def failing_part(real: Any) -> Any:
+            def part(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return real(*args, **kwargs)
+                except OSError as exc:
+                    with self._lock:
+                        self.store_failures.append(f"{type(exc).__name__}: {exc}")
+                    raise
+
+            return part
+
         monkeypatch.setattr(module, store_name, store)
         monkeypatch.setattr(module, "finish_packed", store)
+        for name in ("open_packed", "store_packed_part"):  # a split file's other writes
+            monkeypatch.setattr(module, name, failing_part(getattr(module, name)))
         monkeypatch.setattr(module, load_name, load)
         return self
 

@@ -154,11 +154,28 @@ class StoreFaults:
                 raise OSError(code, f"{os.strerror(code)} (injected: {self.fault})", names[0])
             return self.real(*args, **kwargs)
         except OSError:
-            with self._lock:
-                self.failed.update(names)
-                self.failed_in.setdefault(self.phase, set()).update(names)
-                self.failed_calls += 1
+            self.record_failure(names)
             raise
+
+    def record_failure(self, names: list[str]) -> None:
+        """The store of ``names`` failed (this hook's call, or a split file's other write)."""
+        with self._lock:
+            self.failed.update(names)
+            self.failed_in.setdefault(self.phase, set()).update(names)
+            self.failed_calls += 1
+
+    def recording(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        """``real`` (a split packed file's ``open_packed`` or ``store_packed_part``, its
+        plan the second argument), its failures recorded as the failure of the whole file."""
+
+        def call(first: Any, plan: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return real(first, plan, *args, **kwargs)
+            except OSError:
+                self.record_failure([packed_name(k) for k in plan.keys])
+                raise
+
+        return call
 
 
 def _packed_store(store: Callable[..., Any], finish: Callable[..., Any]) -> Callable[..., Any]:
@@ -195,6 +212,9 @@ def install(tier: str, monkeypatch: pytest.MonkeyPatch, fault: str
             names = lambda paths, *_: list(paths)  # noqa: E731
     probe.install(monkeypatch, module)
     faults = StoreFaults(fault, real, names)
+    if tier == "packed":  # a split file's writes before its finish_packed fail it too
+        for name in ("open_packed", "store_packed_part"):
+            monkeypatch.setattr(module, name, faults.recording(getattr(module, name)))
     probe.store = faults
     return probe, faults
 
