@@ -1,8 +1,9 @@
 """A packed store job split across the tier's I/O pool (issue #30 item 1: queue depth
 inside a job).
 
-A store job whose new sections pass :data:`PART_BYTES` is handed to vLLM's pool as
-``n`` sub-tasks (:func:`part_count`; vLLM's ``JobState`` finishes the job when all ``n``
+A store job of at least twice :data:`PART_BYTES` of new sections is handed to vLLM's
+pool as ``n`` sub-tasks (:func:`part_count`: one per ``PART_BYTES``, at most
+:data:`MAX_PARTS` and the pool's threads; vLLM's ``JobState`` finishes the job when all ``n``
 have run, failed if any raised).  The sub-tasks share one :class:`SplitStore`:
 
 * the first to run reserves the job's files in the root's ledger (never vLLM's
