@@ -210,10 +210,14 @@ def file_bytes(kvchunk_tier: bool, row: int) -> int:
 class PackedProbe(T.FileProbe):
     """:class:`~conformance.harness.tiered.FileProbe`'s counts on kvchunk's packed tier.
 
-    Wraps the tiers' :class:`~vllm_adapter.disk.fileio.TierFileIO` ``store_packed``
-    (one call per file written) and ``load_packed`` (one call per load job); a loaded key is recorded as a name of its group
+    Wraps the tiers' :class:`~vllm_adapter.disk.fileio.TierFileIO` ``store_packed`` and
+    ``finish_packed`` (one call per file written: a one-task store job's file, or the last
+    step of a file a job split across the pool writes, :mod:`vllm_adapter.disk.packed_split`)
+    and ``load_packed`` (one call per load job); a loaded key is recorded as a name of its group
     (``packed_g<group>/<key>.bin``), so ``read_per_group`` counts sections read per group.
-    ``files_written`` counts files.
+    ``files_written`` counts files.  The ``store`` hook sees both kinds of call (a split
+    file's: ``(temp, plan, sums, io)``, its keys ``plan.keys``); a split file's
+    ``open_packed`` and ``store_packed_part`` calls that raise are store failures too.
     """
 
     files_written: int = 0
@@ -227,13 +231,15 @@ class PackedProbe(T.FileProbe):
     ) -> Self:
         module = _wrapped_file_io(monkeypatch) if module is None else module
         real_store, real_load = getattr(module, store_name), getattr(module, load_name)
+        real_finish = module.finish_packed
 
         def names_of(keys: Sequence[bytes]) -> list[str]:
             return [f"packed_g{P.group_of_key(k)}/{bytes(k).hex()}.bin" for k in keys]
 
-        def store(path: str, *args: Any, **kwargs: Any) -> Any:
+        def store(path: Any, *args: Any, **kwargs: Any) -> Any:
+            real = real_finish if isinstance(path, P.PackedTemp) else real_store
             try:
-                out = (self.store or real_store)(path, *args, **kwargs)
+                out = (self.store or real)(path, *args, **kwargs)
             except OSError as exc:
                 with self._lock:
                     self.store_failures.append(f"{type(exc).__name__}: {exc}")
@@ -257,7 +263,21 @@ class PackedProbe(T.FileProbe):
             with self._lock:
                 self.loaded.extend(paths)
 
+        def failing_part(real: Any) -> Any:
+            def part(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return real(*args, **kwargs)
+                except OSError as exc:
+                    with self._lock:
+                        self.store_failures.append(f"{type(exc).__name__}: {exc}")
+                    raise
+
+            return part
+
         monkeypatch.setattr(module, store_name, store)
+        monkeypatch.setattr(module, "finish_packed", store)
+        for name in ("open_packed", "store_packed_part"):  # a split file's other writes
+            monkeypatch.setattr(module, name, failing_part(getattr(module, name)))
         monkeypatch.setattr(module, load_name, load)
         return self
 

@@ -8,7 +8,8 @@ and the meta lane's check of the same case (:mod:`conformance.meta.mutants.catal
 Three tiers (:data:`TIERS`): ``vllm`` (vLLM's fs tier, ``batch_store_block``), and
 kvchunk's (:mod:`vllm_adapter.disk.tier`) in its two layouts, ``per_chunk``
 (``TierFileIO.store_chunks``, one call per chunk file) and ``packed``
-(``TierFileIO.store_packed``, one call per store job's file).  The probe of the tier's file
+(``TierFileIO.store_packed``, one call per store job's file; ``finish_packed`` for a
+file of a job split across the pool).  The probe of the tier's file
 I/O (:class:`conformance.harness.tiered.FileProbe` and kvchunk's) carries a ``store`` hook,
 :class:`StoreFaults`, that injects the fault (:data:`FAULTS`):
 
@@ -153,11 +154,39 @@ class StoreFaults:
                 raise OSError(code, f"{os.strerror(code)} (injected: {self.fault})", names[0])
             return self.real(*args, **kwargs)
         except OSError:
-            with self._lock:
-                self.failed.update(names)
-                self.failed_in.setdefault(self.phase, set()).update(names)
-                self.failed_calls += 1
+            self.record_failure(names)
             raise
+
+    def record_failure(self, names: list[str]) -> None:
+        """The store of ``names`` failed (this hook's call, or a split file's other write)."""
+        with self._lock:
+            self.failed.update(names)
+            self.failed_in.setdefault(self.phase, set()).update(names)
+            self.failed_calls += 1
+
+    def recording(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        """``real`` (a split packed file's ``open_packed`` or ``store_packed_part``, its
+        plan the second argument), its failures recorded as the failure of the whole file."""
+
+        def call(first: Any, plan: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return real(first, plan, *args, **kwargs)
+            except OSError:
+                self.record_failure([packed_name(k) for k in plan.keys])
+                raise
+
+        return call
+
+
+def _packed_store(store: Callable[..., Any], finish: Callable[..., Any]) -> Callable[..., Any]:
+    """The packed tier's write of one file, either kind (:class:`~conformance.harness.safe_fs_faults.PackedProbe`
+    hands its ``store`` hook a one-task store's ``store_packed`` call and a split store's
+    ``finish_packed`` call, whose first argument is the file's temporary file)."""
+
+    def real(first: Any, *args: Any, **kwargs: Any) -> Any:
+        return (finish if isinstance(first, P.PackedTemp) else store)(first, *args, **kwargs)
+
+    return real
 
 
 def install(tier: str, monkeypatch: pytest.MonkeyPatch, fault: str
@@ -174,14 +203,18 @@ def install(tier: str, monkeypatch: pytest.MonkeyPatch, fault: str
         monkeypatch.setattr(KvchunkFileTierManager, "file_io_factory", lambda: module)
         if tier == "packed":
             probe = SF.PackedProbe()
-            real = module.store_packed
-            names = lambda path, keys, *_: [packed_name(k) for k in keys]  # noqa: E731
+            real = _packed_store(module.store_packed, module.finish_packed)
+            names = lambda first, keys, *_: [  # noqa: E731
+                packed_name(k) for k in (keys.keys if isinstance(first, P.PackedTemp) else keys)]
         else:
             probe = SF.ChunkProbe()
             real = module.store_chunks
             names = lambda paths, *_: list(paths)  # noqa: E731
     probe.install(monkeypatch, module)
     faults = StoreFaults(fault, real, names)
+    if tier == "packed":  # a split file's writes before its finish_packed fail it too
+        for name in ("open_packed", "store_packed_part"):
+            monkeypatch.setattr(module, name, faults.recording(getattr(module, name)))
     probe.store = faults
     return probe, faults
 

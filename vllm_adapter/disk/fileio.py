@@ -41,6 +41,32 @@ class TierFileIO:
         sections and the file's identity, for the index)."""
         return PIO.store_packed_file(path, keys, view, offsets, size, io)
 
+    def open_packed(self, path: str, plan: P.PackedPlan, io: C.ChunkIO) -> P.PackedTemp:
+        """Packed layout, a store in parts: ``path``'s temporary file, sized to ``plan``
+        (:func:`~.packed_file.open_packed_temp`)."""
+        return P.open_packed_temp(path, plan, io)
+
+    def store_packed_part(self, temp: P.PackedTemp, plan: P.PackedPlan, first: int,
+                          view: memoryview, offsets: Sequence[int], size: int,
+                          io: C.ChunkIO) -> list[bytes]:
+        """Packed layout, a store in parts: the sections ``first``, ``first + 1``, ... (region
+        rows at ``offsets``) hashed and written at their offsets; their checksums
+        (:func:`~.packed_file.write_packed_range`)."""
+        return P.write_packed_range(temp, plan, first, C.slices(view, offsets, size), io)
+
+    def finish_packed(self, temp: P.PackedTemp, plan: P.PackedPlan, sums: Sequence[bytes],
+                      io: C.ChunkIO) -> P.PackedHeader:
+        """Packed layout, a store in parts: the header written, the file renamed into place
+        (:func:`~.packed_file.finish_packed_temp`); its header as written."""
+        header = P.finish_packed_temp(temp, plan, sums, io)
+        io.counters.add(files_stored=1, sections_stored=len(header.sections))
+        io.counters.per_group("sections_stored_per_group", [s.group for s in header.sections])
+        return header
+
+    def discard_packed(self, temp: P.PackedTemp) -> None:
+        """Packed layout, a store in parts that failed: its temporary file closed and removed."""
+        P.discard_packed_temp(temp)
+
     def load_packed(self, index: PIO.PackedIndex, keys: Sequence[Any], view: memoryview,
                     offsets: Sequence[int], size: int, io: C.ChunkIO) -> None:
         """Packed layout: a job's keys from the files the index names (a file unchanged

@@ -19,7 +19,12 @@ payloads go to a unique temporary name in one vectored write, which is renamed
 onto the file's name: a reader sees the whole file or none.  The store returns
 the file's sections and its :class:`FileIdentity` (device, inode, size and mtime
 of the written file, ``fstat``-ed before the rename, which keeps them; and the
-header digest), what the tier's index keeps.
+header digest), what the tier's index keeps.  A store job large enough to split
+across the tier's pool (:mod:`vllm_adapter.disk.packed_split`) writes the same bytes in
+parts: :func:`plan_packed` places every section, :func:`open_packed_temp` creates the
+temporary file at its full size, each part is hashed and written at its offsets
+(:func:`write_packed_range`), and :func:`finish_packed_temp` writes the header, fsyncs
+if asked, ``fstat``-s and renames.
 
 **Load** has two paths, both reading only the wanted sections (adjacent ones in one
 ``preadv`` into their destination rows) and verifying **each against its own
@@ -71,6 +76,7 @@ stored again; the file's other sections keep serving.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -90,6 +96,7 @@ from reference.packed import (
 from vllm_adapter.disk.chunk_file import (
     CHECKSUMS,
     O_DIRECT,
+    TEMP_SUFFIX,
     ChunkFileError,
     ChunkIO,
     digest,
@@ -108,16 +115,23 @@ __all__ = [
     "PACKED_DIR",
     "PACKED_SUFFIX",
     "PackedHeader",
+    "PackedPlan",
+    "PackedTemp",
     "Preadv",
     "Section",
     "group_of_key",
     "iter_packed_files",
     "load_indexed",
+    "discard_packed_temp",
+    "finish_packed_temp",
     "load_packed",
+    "open_packed_temp",
     "packed_name",
     "parse_stored_header",
+    "plan_packed",
     "read_packed_index",
     "store_packed",
+    "write_packed_range",
 ]
 
 FORMAT_VERSION = 2
@@ -479,6 +493,151 @@ def store_packed(
         written.append(os.fstat(fd))
 
     write_atomically(path, io, write, direct=padded)
+    return _written_header(path, head, keys, lengths, sums, written[-1])
+
+
+@dataclass(frozen=True)
+class PackedPlan:
+    """Where each section of a packed file goes, known before any payload is hashed: a
+    store split across threads (:mod:`vllm_adapter.disk.packed_split`) writes each range of
+    sections at its offsets, and the header last."""
+
+    keys: tuple[bytes, ...]
+    lengths: tuple[int, ...]
+    header_bytes: int
+    offsets: tuple[int, ...]
+    """Each section's offset in the file (page-aligned, in key order)."""
+    file_bytes: int
+
+    @property
+    def direct(self) -> bool:
+        """Whether ``O_DIRECT`` may write it: every section a page multiple (the header is)."""
+        return all(n % PAGE == 0 for n in self.lengths)
+
+
+def plan_packed(keys: Sequence[bytes], lengths: Sequence[int]) -> PackedPlan:
+    """The layout :func:`store_packed` writes for ``keys`` with payloads of ``lengths``."""
+    keys = tuple(bytes(k) for k in keys)
+    size = header_bytes([len(k) for k in keys])
+    offsets, at = [], size
+    for n in lengths:
+        offsets.append(at)
+        at += page_round(n)
+    return PackedPlan(keys, tuple(lengths), size, tuple(offsets), at)
+
+
+class PackedTemp:
+    """A packed file being written in parts: its temporary name and open descriptor (a
+    handle, not a value: :meth:`close` and :meth:`discard` may be called more than once)."""
+
+    def __init__(self, path: str, tmp: str, fd: int) -> None:
+        self.path = path
+        self.tmp = tmp
+        self.fd = fd
+        self._lock = threading.Lock()
+        self._open = True
+
+    def close(self) -> None:
+        """Close the descriptor, once (a second close could close a descriptor reused since)."""
+        with self._lock:
+            if not self._open:
+                return
+            self._open = False
+        os.close(self.fd)
+
+    def discard(self) -> None:
+        """Close and remove the temporary file (a failed store)."""
+        with contextlib.suppress(OSError):
+            self.close()
+        with contextlib.suppress(OSError):
+            os.remove(self.tmp)
+
+
+def open_packed_temp(path: str, plan: PackedPlan, io: ChunkIO) -> PackedTemp:
+    """Create ``path``'s temporary file (named as :func:`write_atomically` names them, so a
+    dead writer's is swept), sized to the whole file (``ftruncate``: the parts may be
+    written in any order)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}-{threading.get_ident()}-{os.urandom(4).hex()}{TEMP_SUFFIX}"
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | (O_DIRECT if io.o_direct and plan.direct
+                                                    else 0)
+    fd = os.open(tmp, flags, 0o644)
+    try:
+        os.ftruncate(fd, plan.file_bytes)
+    except BaseException:
+        discard_packed_temp(PackedTemp(path, tmp, fd))
+        raise
+    return PackedTemp(path, tmp, fd)
+
+
+def _pwritev_all(fd: int, buffers: list[memoryview], offset: int) -> None:
+    at = offset
+    for start in range(0, len(buffers), _IOV_MAX):
+        batch = buffers[start : start + _IOV_MAX]
+        while batch:
+            n = os.pwritev(fd, batch, at)
+            if n <= 0:
+                raise OSError(28, "write made no progress")  # ENOSPC
+            at += n
+            while batch and n >= len(batch[0]):
+                n -= len(batch[0])
+                batch.pop(0)
+            if batch and n:
+                batch[0] = batch[0][n:]
+
+
+def _payload_buffers(payloads: Sequence[memoryview]) -> list[memoryview]:
+    """The payloads as bytes, each padded with zeros to a page boundary."""
+    buffers: list[memoryview] = []
+    for p in payloads:
+        buffers.append(p.cast("B") if p.format != "B" else p)
+        if len(p) % PAGE:
+            buffers.append(_pad(PAGE - len(p) % PAGE))
+    return buffers
+
+
+def write_packed_range(
+    temp: PackedTemp, plan: PackedPlan, first: int, payloads: Sequence[memoryview], io: ChunkIO
+) -> list[bytes]:
+    """Hash the payloads of sections ``first``, ``first + 1``, ... and write them (padded)
+    at their offsets in one vectored write; their checksums."""
+    if [len(p) for p in payloads] != list(plan.lengths[first : first + len(payloads)]):
+        raise ValueError("the payloads' lengths are not the plan's")
+    sums = [payload_digest(io.checksum, p) for p in payloads]
+    if payloads:
+        _pwritev_all(temp.fd, _payload_buffers(payloads), plan.offsets[first])
+    return sums
+
+
+def finish_packed_temp(
+    temp: PackedTemp, plan: PackedPlan, sums: Sequence[bytes], io: ChunkIO
+) -> PackedHeader:
+    """Write the header (it needs every section's checksum), fsync if the tier asks,
+    ``fstat`` and rename onto the file's name; the header as written
+    (:func:`store_packed`'s).  Any failure removes the temporary file and raises."""
+    try:
+        head = encode_header(plan.keys, plan.lengths, sums, io)
+        _pwritev_all(temp.fd, [memoryview(head)], 0)
+        if io.fsync:
+            os.fsync(temp.fd)
+        st = os.fstat(temp.fd)
+        temp.close()
+        os.replace(temp.tmp, temp.path)
+    except BaseException:
+        temp.discard()
+        raise
+    return _written_header(temp.path, head, plan.keys, plan.lengths, sums, st)
+
+
+def discard_packed_temp(temp: PackedTemp) -> None:
+    """Close and remove a temporary file whose store failed (either may be done already)."""
+    temp.discard()
+
+
+def _written_header(
+    path: str, head: mmap.mmap, keys: Sequence[bytes], lengths: Sequence[int],
+    sums: Sequence[bytes], st: os.stat_result,
+) -> PackedHeader:
     size = len(head)
     sections, at = [], size
     for i, (key, length, checksum) in enumerate(zip(keys, lengths, sums, strict=True)):
@@ -489,7 +648,7 @@ def store_packed(
     raw = HeaderIndex(size, len(sections),
                       bytes(head[FIXED_HEADER_BYTES : FIXED_HEADER_BYTES + index_len]))
     return PackedHeader(path, size, at, tuple(sections), (), header_digest,
-                        FileIdentity.of(written[-1], header_digest), raw)
+                        FileIdentity.of(st, header_digest), raw)
 
 
 @dataclass(frozen=True)

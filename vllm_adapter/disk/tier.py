@@ -47,7 +47,10 @@ layout of :mod:`reference.packed`): the tiering manager hands the tier every key
 GPU->CPU store as one job; its full-attention keys become the sections of one file and
 its window keys (the groups with a window) the sections of another
 (:func:`reference.packed.store_job_files`; a job of one kind writes one file), reserved
-and completed together, so that the eviction rule can evict a window file alone.  The
+and completed together, so that the eviction rule can evict a window file alone.  A job
+of at least twice ``store_part_bytes`` (8 MiB) of new sections is written by several
+tasks of vLLM's pool, one contiguous range of sections each, the first reserving, the
+last writing the headers and completing (:mod:`vllm_adapter.disk.packed_split`).  The
 packed tier answers ``lookup(key)`` from an in-memory index, key -> (file, section),
 which it fills when it starts from its index snapshot (one file written at shutdown and
 every ``SNAPSHOT_SECONDS`` while the index changes, validated against a listing:
@@ -120,7 +123,14 @@ from vllm_adapter.disk.options import (
 )
 from vllm_adapter.disk.packed_io import IndexStart, PackedIndex
 from vllm_adapter.disk.packed_snapshot import SNAPSHOT_FILE
-from vllm_adapter.disk.tier_budget import POLL_SECONDS, TierBudget, key_positions, store_files
+from vllm_adapter.disk.packed_split import PART_BYTES, SplitStore, part_count
+from vllm_adapter.disk.tier_budget import (
+    POLL_SECONDS,
+    TierBudget,
+    key_positions,
+    reserve_files,
+    store_files,
+)
 from vllm_adapter.files import write_text_atomic
 from vllm_adapter.spec import count_option
 from vllm_adapter.tiering import ReferenceTieringOffloadingSpec
@@ -207,6 +217,9 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
 
     file_io_factory: Callable[[], TierFileIO] = TierFileIO
     """Builds each tier's :attr:`file_io`; a test replaces it to wrap the tier's I/O."""
+    store_part_bytes: int = PART_BYTES
+    """A packed store job is split into sub-tasks of at least this many payload bytes
+    (:mod:`~vllm_adapter.disk.packed_split`); a test lowers it to split small jobs."""
 
     def __init__(
         self,
@@ -477,11 +490,10 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         positions = key_positions(job_metadata.req_context)
         V.fs_tier_track_store(self, job_metadata)
         offsets = [int(cid) * self._block_size for cid in job_metadata.chunk_ids]
-        task = (self._packed_store_task if self.layout == "packed" else self._store_task)(
-            keys, offsets, positions
-        )
+        tasks = (self._packed_store_tasks(keys, offsets, positions) if self.layout == "packed"
+                 else [self._store_task(keys, offsets, positions)])
         self._job_block_counts[job_metadata.job_id] = len(keys)
-        self._pool.enqueue_store(job_metadata.job_id, 1, [task])
+        self._pool.enqueue_store(job_metadata.job_id, len(tasks), tasks)
 
     def _store_task(self, keys: list[Any], offsets: list[int], positions: dict[bytes, int]) -> Any:
         paths, ids = self._paths(keys)
@@ -510,8 +522,12 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
             self.counters.add(store_failures=1)
             raise
 
-    def _packed_store_task(self, keys: list[Any], offsets: list[int],
-                           positions: dict[bytes, int]) -> Any:
+    def _store_threads(self) -> int:
+        """The pool's threads (a store job's sub-tasks are at most these)."""
+        return len(getattr(self._pool, "_threads", ())) or 1
+
+    def _packed_store_tasks(self, keys: list[Any], offsets: list[int],
+                            positions: dict[bytes, int]) -> list[Any]:
         # A file's sections go group-major, each group in prefix order (the order of the
         # reference's store job, reference.plan_state.store_job_of), whatever order vLLM
         # hands the keys in (0.33.0 hands a set): a load of consecutive chunks is then one
@@ -533,15 +549,37 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         files = [list(f) for f in RP.store_job_files([k for k, _ in new],
                                                      self.budget.chunking.full_groups)]
 
+        def name_of(ks: Sequence[bytes]) -> str:
+            return P.packed_name(self.namespace_dir, ks)
+
+        n = part_count(len(new) * self._block_size, self._store_threads(),
+                       self.store_part_bytes)
+        if n > 1:  # queue depth inside the job (vllm_adapter.disk.packed_split)
+            def reserve() -> list[tuple[str, tuple[bytes, ...]]]:
+                admitted = reserve_files(self.budget, files, name_of, self._file_bytes,
+                                         positions, self._servable)
+                self._follow_ledger(force=True)  # the files this store evicted leave the index
+                return admitted
+
+            def complete(results: list[tuple[str, bool]]) -> None:
+                for path in self.budget.complete(results):
+                    self.index.drop_file(path)
+
+            return SplitStore(
+                n, reserve=reserve, complete=complete, written=self.index.add,
+                failed=lambda _: self.counters.add(store_failures=1), file_io=self.file_io,
+                io=self.io, view=self._primary_kv_view, offset_of=offset_of,
+                size=self._block_size,
+            ).tasks
+
         def store_task() -> None:
             if not files:
                 return
-            gone = self._store(files, lambda ks: P.packed_name(self.namespace_dir, ks), write,
-                               positions, written=self.index.add)
+            gone = self._store(files, name_of, write, positions, written=self.index.add)
             for path in gone:
                 self.index.drop_file(path)
 
-        return store_task
+        return [store_task]
 
     def _account_failed_load(self, files: Sequence[str], rids: dict[str, str],
                              failed_by_file: Mapping[str, Sequence[bytes]]) -> None:

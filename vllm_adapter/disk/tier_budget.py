@@ -19,7 +19,8 @@ from reference.eviction import EvictionRule
 from reference.knobs import Chunking
 from vllm_adapter.disk.budget import BudgetCounters, RootLedger
 
-__all__ = ["POLL_SECONDS", "StoreRefused", "TierBudget", "key_positions", "store_files"]
+__all__ = ["POLL_SECONDS", "StoreRefused", "TierBudget", "key_positions", "reserve_files",
+           "store_files"]
 
 POLL_SECONDS = 0.5
 """A packed tier's ``kvchunk-fs-follow`` thread replays the ledger this often (another
@@ -176,6 +177,20 @@ class StoreRefused(OSError):
     """The budget is full and nothing can be evicted: nothing written, nothing advertised."""
 
 
+def reserve_files(
+    budget: TierBudget, files: Sequence[Sequence[bytes]], name_of: Callable[[Sequence[bytes]], str],
+    size_of: Callable[[Sequence[bytes]], int], positions: dict[bytes, int] | None = None,
+    servable: Callable[[bytes, str], bool] | None = None,
+) -> list[tuple[str, tuple[bytes, ...]]]:
+    """:meth:`TierBudget.reserve`, a refusal raised as :class:`StoreRefused`: the files to
+    write, ``(path, keys)``."""
+    admitted = budget.reserve(files, name_of, size_of, positions, servable)
+    if admitted is None:
+        raise StoreRefused(errno.ENOSPC, f"kvchunk fs tier: disk_bytes_to_use "
+                           f"({budget.budget}) is full and nothing can be evicted")
+    return admitted
+
+
 def store_files(
     budget: TierBudget, files: Sequence[Sequence[bytes]], name_of: Callable[[Sequence[bytes]], str],
     size_of: Callable[[Sequence[bytes]], int], write: Callable[[str, tuple[bytes, ...]], Any],
@@ -189,10 +204,7 @@ def store_files(
     is completed; a refused store raises :class:`StoreRefused`.  ``written(path, out)``
     runs for each file written (the packed index), before its reservation completes.
     Returns the paths the completions removed (files a failure stranded)."""
-    admitted = budget.reserve(files, name_of, size_of, positions, servable)
-    if admitted is None:
-        raise StoreRefused(errno.ENOSPC, f"kvchunk fs tier: disk_bytes_to_use "
-                           f"({budget.budget}) is full and nothing can be evicted")
+    admitted = reserve_files(budget, files, name_of, size_of, positions, servable)
     results: list[tuple[str, bool]] = []
     error: Exception | None = None
     for path, keys in admitted:
