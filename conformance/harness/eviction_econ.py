@@ -1,4 +1,3 @@
-# HELPER NOTE from the lead (delete this line before committing): read /work/wt42/HELPER_RULES.md first (deadline 00:15 UTC, nice -n 10, venvs, no nox).
 """The reference's prediction for a budgeted packed disk tier behind a large CPU tier.
 
 What :mod:`conformance.lanes.test_tiered_eviction_economics` holds kvchunk's tier to,

@@ -1,4 +1,3 @@
-# HELPER NOTE from the lead (delete this line before committing): read /work/wt42/HELPER_RULES.md first (deadline 00:15 UTC, nice -n 10, venvs, no nox).
 """``--disk-bytes`` and ``--sweep-disk``: what hit rate a disk of a given size gives.
 
 The workload is scaled to about a million prompt tokens of sessions over time
