@@ -187,17 +187,16 @@ class Disk:
         self._next_id += 1
         self.files[fid] = _File(tuple(keys), nbytes, self.tick(), ready)
         self._recency[fid] = None
-        if keys and not any(self.structure.is_full(k) for k in keys):
+        s = self.structure
+        full = [k for k in keys if s.is_full(k)]
+        if keys and not full:
             self._windows_only[fid] = None
         self._dependents[fid] = 0
         self.bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.bytes)
-        s = self.structure
         for key in keys:
             self.file_of[key] = fid
-        for key in keys:
-            if not s.is_full(key):
-                continue
+        for key in full:
             parent = s.parent.get(key)
             if parent is not None and self.file_of.get(parent, fid) != fid:
                 self._dependents[self.file_of[parent]] += 1

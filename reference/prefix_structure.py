@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from reference.geometry import GroupKind
-from reference.keys import make_key, split_key
+from reference.keys import GROUP_ID_BYTES, make_key, split_key
 from reference.knobs import Chunking
 from reference.rules import WindowRule, needed_chunks
 
@@ -92,7 +92,10 @@ class PrefixStructure:
         :meth:`record` brought in has none)."""
 
     def is_full(self, key: bytes) -> bool:
-        return split_key(key)[1] in self.full_groups or key in self.parent
+        """A full-attention key: of a full group, or named with a parent (:meth:`record`).
+        The parent table is asked first (one lookup), the group id (``split_key(key)[1]``,
+        read in place) only for the keys it does not name."""
+        return key in self.parent or int.from_bytes(key[-GROUP_ID_BYTES:], "big") in self.full_groups
 
     # -- ways in --------------------------------------------------------------
 
@@ -183,9 +186,13 @@ class PrefixStructure:
     def _add_boundary(self, boundary: bytes, full: Iterable[bytes],
                       windows: Iterable[bytes]) -> None:
         self.full_at[boundary] = tuple(full)
-        self.windows_at[boundary] = frozenset(windows)
-        for key in self.windows_at[boundary]:
-            self.serves.setdefault(key, []).append(boundary)
+        needed = self.windows_at[boundary] = frozenset(windows)
+        serves = self.serves
+        for key in needed:
+            if key in serves:
+                serves[key].append(boundary)
+            else:
+                serves[key] = [boundary]
 
     # -- way out --------------------------------------------------------------
 

@@ -546,3 +546,39 @@ def test_window_siblings_in_the_budgeted_index() -> None:
         index.complete_store(plan.keys_to_store)
         assert index.keys_dropped == (1 if siblings else 0)
         assert bool(index.disk.stranded()) is not siblings
+
+
+# ---------------------------------------------------------------------------
+# What the files model is built from (the ledger's replay calls these per file)
+# ---------------------------------------------------------------------------
+
+
+def test_is_full_is_a_full_group_or_a_recorded_parent_and_add_classifies_files_by_it() -> None:
+    """``PrefixStructure.is_full`` reads the group id in place and asks the parent table
+    first: it must equal its statement (``split_key(key)[1]`` in the full groups, or a
+    recorded parent), and ``Disk.add`` must track a file of window keys only (and no other)
+    as a candidate of the rule's first step and count its full keys' dependents."""
+    from reference.eviction import Disk
+    from reference.prefix_structure import Fragment, PrefixStructure
+
+    chunking = _full_swa()
+    s = PrefixStructure(chunking)
+    full0, full1 = (bytes([i]) * 8 + (0).to_bytes(4, "big") for i in (1, 2))
+    win, win_parented = (bytes([i]) * 8 + (1).to_bytes(4, "big") for i in (3, 4))
+    s.record(Fragment(((full0, None), (full1, full0), (win_parented, None)),
+                      ((full1[:-4], (full1,), (win,)),)))
+    fed = PrefixStructure(None)  # a structure only record() feeds: no full groups
+    fed.record(Fragment(((full1, full0),), ()))
+    for structure in (s, fed):
+        for key in (full0, full1, win, win_parented, b"\x00" * 12):
+            stated = split_key(key)[1] in structure.full_groups or key in structure.parent
+            assert structure.is_full(key) is stated, key
+    assert [s.is_full(k) for k in (full0, full1, win, win_parented)] == [True, True, False, True]
+    assert [fed.is_full(k) for k in (full0, full1)] == [False, True]
+
+    disk = Disk(s)
+    a = disk.add([full0], 1)
+    b = disk.add([win], 1)
+    c = disk.add([full1, win_parented], 1)
+    assert list(disk._windows_only) == [b]
+    assert disk._dependents == {a: 1, b: 0, c: 0}  # full1's parent lives in a

@@ -212,8 +212,8 @@ def _compact_keys_and_fragment(rec: dict[str, Any]) -> tuple[tuple[bytes, ...], 
     if n > len(keys):
         raise IndexError("more file keys than keys")
     flat = _ints(rec["p"], width)
-    parents = tuple((keys[k], None if p == k else keys[p])
-                    for k, p in zip(flat[0::2], flat[1::2], strict=True))
+    parents = tuple([(keys[k], None if p == k else keys[p])
+                     for k, p in zip(flat[0::2], flat[1::2], strict=True)])
     bounds = rec["b"]
     if not isinstance(bounds, list):
         raise TypeError("b")

@@ -251,7 +251,8 @@ class LedgerModel:
             self._remove(path)  # a newer reservation of the same path replaces the old one
         space = self._space(rec["ns"])
         space.structure.record(rec["fragment"])
-        keys = [k for k in dict.fromkeys(rec["keys"]) if k not in space.disk.file_of]
+        on_disk = space.disk.file_of
+        keys = [k for k in dict.fromkeys(rec["keys"]) if k not in on_disk]
         self._tick(space.disk)
         fid = space.disk.add(keys, rec["bytes"], ready=False)
         self._tock(space.disk)
