@@ -35,7 +35,7 @@ served from files.
 packed layout (the per-chunk layout runs the same ledger and rule; its case took 41-58 s
 a release under the heavy-lane lock, which CI's two release chains take in turn);
 ``KVCHUNK_PROFILE=deep`` :data:`DEEP_SESSIONS` sessions of :data:`DEEP_TURNS` turns (160)
-on both fixtures and both layouts (gemma-4 in ``deep`` only: :data:`GEMMA_TURNS`).
+on both fixtures and both layouts (gemma-4 in ``deep`` only, 60 requests: :data:`GEMMA_TURNS`).
 """
 
 from __future__ import annotations
@@ -75,11 +75,13 @@ GEMMA_TURNS = 6
 """gemma-4's turns per session, were it in ``ci`` (24 requests, not 60): its 40 MiB rows
 make a request cost 10-27 s on a loaded 2-core machine (the synthetic runner checks
 every loaded block), so 60 would take 10-20 minutes a case.  Its cases run in ``deep``
-only (:data:`DEEP_SESSIONS` x :data:`DEEP_TURNS`): at 24 requests, vLLM 0.34.0, packed,
+only, at the issue's 60 requests (:data:`GEMMA_DEEP_SESSIONS` x :data:`GEMMA_DEEP_TURNS`,
+not the 160 of DeepSeek-V4's deep cases, which would take about an hour a case): at 24 requests, vLLM 0.34.0, packed,
 every request ended with 0 stranded bytes (tier and reference) and 9 files were
 evicted, but no load was served from files (the CPU tier, which must hold a hit's 24
 and more rows, served every reuse), so the case proves nothing there."""
 DEEP_SESSIONS, DEEP_TURNS = 8, 20
+GEMMA_DEEP_SESSIONS, GEMMA_DEEP_TURNS = SESSIONS, TURNS
 LAYOUTS = ("packed", "per_chunk")
 BLOCK_SIZE = 512
 STEP_TOKENS = 256
@@ -200,7 +202,11 @@ def test_hybrid_soak_small_budget_strands_nothing_when_idle(
     row = knob.row.row_bytes()
     files_bytes = case.boundary_files * boundary_bytes(knob.chunking, row, case.layout)
     budget = budget_for_files(files_bytes)
-    sessions, turns = (DEEP_SESSIONS, DEEP_TURNS) if DEEP else (SESSIONS, case.turns)
+    if DEEP:
+        sessions, turns = ((GEMMA_DEEP_SESSIONS, GEMMA_DEEP_TURNS) if case.fixture == GEMMA
+                           else (DEEP_SESSIONS, DEEP_TURNS))
+    else:
+        sessions, turns = SESSIONS, case.turns
     prompts = soak_prompts(case, sessions, turns)
     record_property("fixture", case.fixture)
     record_property("knob", f"block_size={BLOCK_SIZE}, kvchunk {case.layout} fs tier, "
