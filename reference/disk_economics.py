@@ -185,17 +185,17 @@ class BudgetedIndex:
 
     def _head(self, keys: Sequence[bytes]) -> tuple[bytes, ...]:
         """:func:`~reference.eviction.prefix_closed_head` of a store that does not fit: the
-        bytes the rule could free with the whole store pending (what the head's files
-        depend on is kept as the store's is), then the deepest head within them."""
-        probe = self._add(keys)
-        over = self.disk.bytes - self.budget
-        freeable = self.disk.freeable(over, self.rule)
-        for fid in probe:
-            self.disk.remove(fid)
-        room = self.budget - self.disk.bytes + freeable
-
+        deepest head that fits once the rule has evicted what it may with that head pending
+        (:meth:`Disk.freeable`, each head probed as the eviction that follows runs it: what
+        the rule may evict depends on what is pending, and a head's last boundary can need a
+        window file that the whole store's later boundaries do not)."""
         def fits(head: tuple[bytes, ...]) -> bool:
-            return sum(self._size(f) for f in self._files(head)) <= room
+            probe = self._add(head)
+            over = self.disk.bytes - self.budget
+            ok = over <= 0 or self.disk.freeable(over, self.rule) >= over
+            for fid in probe:
+                self.disk.remove(fid)
+            return ok
 
         return prefix_closed_head(self.disk, keys, fits)
 

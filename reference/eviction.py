@@ -593,9 +593,12 @@ def prefix_closed_head(
     boundaries (a key's depth: how many of its ancestors the store carries; a key whose
     parent is neither on disk nor in the store is in no head), and the window keys that
     make a boundary whole with them and the disk (a window key pending for a later
-    boundary is left out: the rest of the store does not come).  ``fits`` must be
-    monotone (a head that fits has every shorter head fit); the head returned is the
-    deepest that fits, in the store's order, or ``()`` when none with a key does."""
+    boundary is left out: the rest of the store does not come).  The head returned is the
+    deepest that ``fits``, in the store's order, or ``()`` when none with a key does;
+    ``fits`` need not be monotone (heads are tried deepest first): a deeper head can free
+    more, as when its later boundaries are whole on its own window keys, so that a window
+    file on disk serves no boundary that stays and may go, while a shorter head's last
+    boundary needs that file."""
     s = disk.structure
     incoming = set(keys)
     depth: dict[bytes, int] = {}
@@ -642,15 +645,14 @@ def prefix_closed_head(
         chosen.update(w for w in windows if any(whole(b) for b in s.serves.get(w, ())))
         return tuple(k for k in keys if k in chosen)
 
-    lo, hi = -1, levels  # head(lo) fits (-1: not even head(0)); find the deepest
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        candidate = head(mid)
-        if not candidate or fits(candidate):
-            lo = mid
-        else:
-            hi = mid - 1
-    return head(lo) if lo >= 0 else ()
+    tried: set[tuple[bytes, ...]] = set()
+    for i in range(levels, 0, -1):
+        candidate = head(i)
+        if candidate and candidate not in tried:
+            tried.add(candidate)
+            if fits(candidate):
+                return candidate
+    return ()
 
 
 def unit_last_use(disk: Disk, unit: Sequence[int]) -> int:

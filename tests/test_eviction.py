@@ -384,6 +384,50 @@ def test_a_store_that_does_not_fit_admits_its_longest_prefix_closed_head() -> No
     assert index.prepare_store([keys[2]]) is None and index.stores_refused == 1
 
 
+def _full_two_chunk_window() -> Chunking:
+    """Full attention and a 48-token sliding window, 32-token chunks: a hit ending at a
+    chunk end needs the window's last two chunks (cdiv(48 - 1, 32) = 2)."""
+    groups = (KVGroup(0, GroupKind.FULL, 16),
+              KVGroup(1, GroupKind.SLIDING_WINDOW, 16, sliding_window=48))
+    return resolve(Geometry(groups, tokens_per_hash=16), BlocksPerChunk(2))
+
+
+def test_a_head_is_sized_by_what_the_rule_frees_with_that_head_pending() -> None:
+    """The smallest case of gemma-4 ``drawn_workload(2)``'s "a head that fits was refused":
+    boundary 1 whole on disk (chunk 0's full file and window file), then a store of chunks 1
+    and 2 in a 3-key budget.  With the whole store pending, chunk 0's window file may go
+    (boundary 3 is whole on the store's own window keys); with its head (boundary 2: full
+    chunk 1 and window chunk 1) pending it may not (boundary 2's window needs window chunk
+    0).  The head is probed with itself pending: no head fits, the store is refused and
+    nothing changes.  With one more key of budget that head fits without evicting."""
+    chunking = _full_two_chunk_window()
+    chain = _chain(list(range(1, 97)), chunking)  # 3 chunks
+    full, window = (group_keys(chain, gc) for gc in chunking.groups)
+    for budget, admitted in ((3, None), (4, (full[1], window[1]))):
+        index = BudgetedIndex(chunking, KEY_BYTES, budget * KEY_BYTES, EvictionRule.REACHABLE,
+                              overflow=eviction.Overflow.HEAD)
+        index.observe(chain)
+        plan = index.prepare_store([full[0], window[0]])
+        assert plan is not None
+        index.complete_store(plan.keys_to_store)
+        before = dict(index.disk.file_of)
+        store = [full[1], window[1], full[2], window[2]]
+        whole = index._add(store)
+        assert (index.disk.file_of[window[0]],) in eviction.evictable(index.disk)
+        for fid in whole:
+            index.disk.remove(fid)
+        plan = index.prepare_store(store)
+        if admitted is None:
+            assert plan is None
+            assert (index.stores_refused, index.stores_cut) == (1, 0)
+            assert index.disk.file_of == before and index.disk.bytes == 2 * KEY_BYTES
+        else:
+            assert plan is not None and plan.keys_to_store == admitted
+            assert plan.evicted_keys == () and (index.stores_cut, index.keys_cut) == (1, 2)
+            index.complete_store(plan.keys_to_store)
+            assert index.stranded_bytes() == 0
+
+
 def test_prefix_closed_head_takes_whole_boundaries_with_their_windows() -> None:
     """``eviction.prefix_closed_head`` over a full + 24-token-window chunking (a boundary at
     each 32-token chunk end needs its full chunk and the window's last chunk): heads grow a

@@ -232,8 +232,10 @@ TRAILS_LRU_BEHIND_THE_CPU_TIER = (
     "a tail on disk (a non-leaf) and gives up a whole leaf chain, in drawn(1) the session "
     "the round-robin serves next.  The candidates tried on the disk-only draws (issue #31: "
     "no passed-windows step, 'passed' judged by every prefix observed, the step skipping "
-    "window files a hit has read) leave these two points unchanged (2 of 288 behind); the "
-    "issue's repair from the CPU tier's copy of a head is not tried yet"
+    "window files a hit has read; Overflow.HEAD with each head sized with itself pending; a "
+    "store leaving out the window keys of a boundary it passes itself) leave these two points "
+    "unchanged (2 of 288 behind, 0 stranded); the issue's repair from the CPU tier's copy of "
+    "a head is not tried yet"
 )
 
 
