@@ -94,8 +94,8 @@ def _restart(row: Row) -> list[str]:
                   + f" the tier's cap at this budget ({row['ledger_snapshot_cap_bytes']:,} "
                   "bytes, a sixteenth of the ledger's reserve)"
                   + ("" if row["ledger_snapshot_within_cap"] else
-                     ": with these 48 KiB files a tier would not write it and would replay "
-                     "the journal (the last line); files of 2 MiB and more always fit")
+                     ": with these 4 KiB sections a tier would not write it and would replay "
+                     "the journal (the last line); sections of 512 KiB and more always fit")
                   + ".")
     return ["### Disk budget: a tier's start over a full root", "",
             f"{target}{row['label']}, packed files of {row['keys_per_file']} sections "
