@@ -55,6 +55,7 @@ from reference.geometry import Geometry, GroupKind, KVGroup
 from reference.keys import group_keys, prefix_block_hashes
 from reference.knobs import BlocksPerChunk, Chunking, resolve
 from vllm_adapter.disk import journal as J
+from vllm_adapter.disk import ledger_snapshot as LS
 from vllm_adapter.disk.lease import HELD, LEASE_SECONDS
 from vllm_adapter.disk.ledger import LEDGER_FILE, BudgetMismatch, LedgerIO, RootLedger
 from vllm_adapter.disk.tier_budget import StoreRefused, TierBudget, store_files
@@ -65,12 +66,15 @@ KEY_BYTES = 4096
 RESERVE = 128 << 10
 FILES_BUDGET = 4 * 2 * KEY_BYTES
 BUDGET = FILES_BUDGET + RESERVE
-IN_LOCK = ("mid-append", "after-unlink-before-rm")
+IN_LOCK = ("mid-append", "after-unlink-before-rm", "snapshot-mid-write",
+           "snapshot-before-rename")
 """Crash points inside the root's lock."""
 HOSTS = {"e1": "remotehost01"}
 """Engines of the machine on another host (:class:`FaultyIO`): e0 and e2 share this kernel."""
 CRASH_POINTS = ("after-add", "mid-write", "after-rename", "after-unlink-before-rm",
                 "mid-append", "short-write", "append-enospc", "done-enospc")
+SNAPSHOT_CRASH_POINTS = ("snapshot-mid-write", "snapshot-before-rename")
+"""Crash points of writing the ledger's snapshot (:meth:`LedgerMachine.snapshot`)."""
 REACHED: collections.Counter[str] = collections.Counter()
 """Crash points the machine reached, over the whole test session."""
 COUNTERS: list[Any] = []
@@ -154,6 +158,10 @@ class FaultyIO(LedgerIO):
             super().flock(fd, how, where)
 
     def write(self, fd: int, data: bytes) -> int:
+        if self.armed == "snapshot-mid-write" and data[:8] == LS.MAGIC:
+            os.write(fd, data[: len(data) // 2])
+            REACHED["snapshot-mid-write"] += 1
+            raise Crash("snapshot-mid-write")
         if self.armed == "mid-append":
             os.write(fd, data[: max(1, len(data) // 2)])
             REACHED["mid-append"] += 1
@@ -172,6 +180,12 @@ class FaultyIO(LedgerIO):
             raise OSError(errno.ENOSPC, "injected: no space left for the ledger's done record")
         return os.write(fd, data)
 
+    def replace(self, src: str, dst: str) -> None:
+        if self.armed == "snapshot-before-rename" and src.endswith(LS.PARTIAL_SUFFIX):
+            REACHED["snapshot-before-rename"] += 1
+            raise Crash("snapshot-before-rename")
+        super().replace(src, dst)
+
     def unlink(self, path: str) -> None:
         super().unlink(path)
         if self.armed == "after-unlink-before-rm":
@@ -189,7 +203,8 @@ class Engine:
         budget = setup.budget if budget is None else budget
         self.io = FaultyIO(host)
         self.ledger = RootLedger(str(root), budget, EvictionRule.REACHABLE, reserve=setup.reserve,
-                                 adopt_budget=adopt, io=self.io, lease_s=lease_s)
+                                 adopt_budget=adopt, io=self.io, lease_s=lease_s,
+                                 chunkings={NS: setup.chunking})  # as TierBudget builds it
         self.tier = TierBudget(str(root), str(root / NS), budget, EvictionRule.REACHABLE,
                                setup.chunking, ledger=self.ledger)
         COUNTERS.append(self.ledger.counters)
@@ -489,6 +504,13 @@ class LedgerMachine(RuleBasedStateMachine):
         model = fresh.model()
         for e in live:
             assert e.ledger.model() == model, f"{e.name}'s model differs from a fresh replay"
+        chunkings = {NS: self.setup.chunking}
+        full = RootLedger.replayed(str(self.root), chunkings=chunkings)
+        fast = RootLedger.replayed(str(self.root), snapshot=True, chunkings=chunkings)
+        assert (fast.model(), fast.totals(), fast.owners()) == (
+            full.model(), full.totals(), full.owners()), f"from the snapshot ({fast.snapshot_start})"
+        assert {ns: s.disk.lru_order() for ns, s in fast._spaces.items()} == {
+            ns: s.disk.lru_order() for ns, s in full._spaces.items()}
         pending = {p for p, (_, _, _, ready, _) in model.items() if not ready}
         for f in _data_files(self.root):
             rel = str(f.relative_to(self.root))
@@ -511,6 +533,21 @@ class LedgerMachine(RuleBasedStateMachine):
         assert not dead, f"reservations of dead engines survived a lock acquisition: {dead}"
 
 
+class SnapshotLedgerMachine(LedgerMachine):
+    """The machine with one more step: the ledger's snapshot written, with a crash at each
+    step of writing it (a subclass: the real geometries' machines keep the derandomized
+    draws their eviction and reclaim checks were tuned on; their restarts still write
+    snapshots at close and load them at start)."""
+
+    @rule(i=st.integers(0, 2),
+          fault=st.sampled_from([None, None, "snapshot-mid-write", "snapshot-before-rename"]))
+    def snapshot(self, i: int, fault: str | None) -> None:
+        e = self._pick(i)
+        if e is not None:
+            e.io.armed = fault
+            self._run(e, e.ledger.save_snapshot)
+
+
 LedgerMachine.TestCase.settings = settings(
     settings.get_profile(os.environ.get("KVCHUNK_PROFILE", "ci")),
     max_examples={"ci": 60, "deep": 600}.get(os.environ.get("KVCHUNK_PROFILE", "ci"), 10),
@@ -518,6 +555,11 @@ LedgerMachine.TestCase.settings = settings(
     deadline=None,
 )
 TestLedgerMachine = LedgerMachine.TestCase
+SnapshotLedgerMachine.TestCase.settings = settings(
+    LedgerMachine.TestCase.settings,
+    max_examples={"ci": 30, "deep": 300}.get(os.environ.get("KVCHUNK_PROFILE", "ci"), 5),
+)
+TestSnapshotLedgerMachine = SnapshotLedgerMachine.TestCase
 
 
 @pytest.mark.parametrize("point", CRASH_POINTS)
@@ -537,6 +579,30 @@ def test_each_crash_point_under_the_machines_invariants(point: str) -> None:
         for prompt in (8, 9, 0):
             machine.store(i=1, prompt=prompt, upto=3, fault=None)
             machine.check_root()
+        machine.restart(i=0)
+        machine.check_root()
+    finally:
+        machine.teardown()
+
+
+@pytest.mark.parametrize("point", SNAPSHOT_CRASH_POINTS)
+def test_each_snapshot_crash_point_under_the_machines_invariants(point: str) -> None:
+    """A crash at each step of writing the ledger's snapshot (a snapshot written before it,
+    stores appended since): the invariants hold, and a restart from what it left is right."""
+    machine = SnapshotLedgerMachine()
+    try:
+        machine.two_engines()
+        for prompt in range(4):
+            machine.store(i=prompt, prompt=prompt, upto=3, fault=None)
+            if prompt == 1:
+                machine.snapshot(i=0, fault=None)
+            machine.check_root()
+        before = REACHED[point]
+        machine.snapshot(i=0, fault=point)
+        assert REACHED[point] > before, f"{point} was not reached"
+        machine.check_root()
+        machine.store(i=1, prompt=5, upto=3, fault=None)
+        machine.check_root()
         machine.restart(i=0)
         machine.check_root()
     finally:

@@ -61,6 +61,9 @@ def _restart(row: Row) -> list[str]:
     body = [[text, _step(row, f"cold_{step}"), _step(row, f"warm_{step}")]
             for step, text in _STEPS.items() if f"warm_{step}" in row]
     body.append(["ledger (second start)", "-", _step(row, "warm_ledger_second_start")])
+    if "warm_ledger_fallback" in row:
+        body.append(["ledger without its snapshot (the journal replayed whole)",
+                     _step(row, "cold_ledger_fallback"), _step(row, "warm_ledger_fallback")])
     table = render_table(("step", "cold page cache: s / 100k files",
                           "warm: s / 100k files"), body)
     if row.get("index") == "snapshot":
@@ -82,6 +85,18 @@ def _restart(row: Row) -> list[str]:
                  + ".")
     else:
         target, index = "Informational. ", "index (one header read per file)."
+    if "ledger_snapshot_bytes" in row:
+        index += (f" The ledger's snapshot (its model, loaded instead of replaying the journal: "
+                  f"{row['ledger_snapshot']}): {row['ledger_snapshot_bytes']:,} bytes "
+                  f"({row['ledger_snapshot_bytes_per_file']:.0f} per file), written in "
+                  f"{row['ledger_snapshot_write_s_per_100k']:.2f} s per 100k files at shutdown; "
+                  + ("within" if row["ledger_snapshot_within_cap"] else "over")
+                  + f" the tier's cap at this budget ({row['ledger_snapshot_cap_bytes']:,} "
+                  "bytes, a sixteenth of the ledger's reserve)"
+                  + ("" if row["ledger_snapshot_within_cap"] else
+                     ": with these 4 KiB sections a tier would not write it and would replay "
+                     "the journal (the last line); sections of 512 KiB and more always fit")
+                  + ".")
     return ["### Disk budget: a tier's start over a full root", "",
             f"{target}{row['label']}, packed files of {row['keys_per_file']} sections "
             f"({row['file_bytes']:,} bytes), {row['scaling']}; {row['filesystem']}; "

@@ -102,6 +102,7 @@ require_vllm()
 
 from conformance.bench.test_bench_disk import REPO, drop_caches, filesystem  # noqa: E402
 from conformance.harness import vllm_harness_api as V  # noqa: E402
+from vllm_adapter.disk import ledger_snapshot as LS  # noqa: E402
 from vllm_adapter.disk import packed_file as P  # noqa: E402
 from vllm_adapter.disk import packed_io as PIO  # noqa: E402
 from vllm_adapter.disk import tier as S  # noqa: E402
@@ -309,11 +310,23 @@ class Built:
     snapshot_bytes: int
     """The index snapshot written after the stores, as a tier's shutdown writes it."""
     snapshot_s: float
+    ledger_snapshot_as_written: str
+    """The ledger's snapshot (:mod:`vllm_adapter.disk.ledger_snapshot`), written after the
+    stores as a tier's shutdown writes it (sizes checked; without the tier's cap)."""
+    ledger_snapshot_bytes: int
+    ledger_snapshot_s: float
     dirty: bool = False
     """The eviction benchmark stored into (and evicted from) it."""
 
-    def restore_ledger(self) -> None:
+    def restore_ledger(self, snapshot: bool = True) -> None:
+        """The journal as the stores wrote it, and the ledger's snapshot as the shutdown
+        wrote it (``snapshot`` False: none, as after a crash before any compaction)."""
         shutil.copyfile(self.ledger_as_written, self.root.tier.ledger.ledger_path)
+        path = os.path.join(self.root.root, LS.SNAPSHOT_FILE)
+        if snapshot:
+            shutil.copyfile(self.ledger_snapshot_as_written, path)
+        elif os.path.exists(path):
+            os.unlink(path)
 
 
 def _payload() -> tuple[mmap.mmap, memoryview]:
@@ -338,15 +351,22 @@ def build(parent: str, chunking: Chunking, payload: memoryview) -> Built:
     snap = root.tier.snapshot()
     assert snap["disk_files"] == sessions * TURNS and snap["files_evicted"] == 0, snap
     assert snap["disk_bytes"] == root.budget_bytes, snap
+    gc.collect()
+    start = time.perf_counter()
+    ledger_written = root.tier.ledger.save_snapshot(max_bytes=None)  # no cap: see the row
+    ledger_snapshot_s = time.perf_counter() - start
+    assert ledger_written is not None
     ledger = os.path.join(parent, "ledger-as-written.jsonl")
     shutil.copyfile(root.tier.ledger.ledger_path, ledger)
+    ledger_snapshot = os.path.join(parent, "ledger-snapshot-as-written.snap")
+    shutil.copyfile(os.path.join(root.root, LS.SNAPSHOT_FILE), ledger_snapshot)
     gc.collect()
     start = time.perf_counter()
     written = root.index.save_snapshot(root.namespace_dir, root.io)  # no cap: see the row
     snapshot_s = time.perf_counter() - start
     assert written is not None
     return Built(parent, root, sessions * TURNS, len(probe[0].keys), per_file, build_s, ledger,
-                 written, snapshot_s)
+                 written, snapshot_s, ledger_snapshot, ledger_written, ledger_snapshot_s)
 
 
 @pytest.fixture(scope="module")
@@ -396,6 +416,9 @@ class Restart:
     started: dict[str, int]
     indexed: PIO.IndexStart
     keys: int
+    ledger_snapshot: str
+    """How the ledger's model was built: ``used`` (its snapshot and the journal's tail), or
+    why the journal was replayed whole (:attr:`~vllm_adapter.disk.ledger_model.LedgerModel.snapshot_start`)."""
 
     @property
     def total(self) -> float:
@@ -411,14 +434,16 @@ def restart(root: Root) -> Restart:
         t0 = time.perf_counter()
         on_disk = root.on_disk()
         t1 = time.perf_counter()
-        started = root.new_tier().start(on_disk)
+        tier = root.new_tier()
+        started = tier.start(on_disk)
         t2 = time.perf_counter()
         index = PIO.PackedIndex()
         indexed = index.start(root.namespace_dir, root.io)
         t3 = time.perf_counter()
     finally:
         gc.enable()
-    return Restart(t1 - t0, t2 - t1, t3 - t2, started, indexed, len(index))
+    return Restart(t1 - t0, t2 - t1, t3 - t2, started, indexed, len(index),
+                   tier.ledger.snapshot_start)
 
 
 def headers_start(root: Root) -> tuple[float, PIO.IndexStart, int]:
@@ -434,13 +459,15 @@ def headers_start(root: Root) -> tuple[float, PIO.IndexStart, int]:
         gc.enable()
 
 
-def ledger_start(root: Root) -> float:
+def ledger_start(root: Root) -> tuple[float, str]:
+    """The ledger step alone (the listing included); its seconds and how it began."""
     gc.collect()
     gc.disable()
     try:
         t0 = time.perf_counter()
-        root.new_tier().start(root.on_disk())
-        return time.perf_counter() - t0
+        tier = root.new_tier()
+        tier.start(root.on_disk())
+        return time.perf_counter() - t0, tier.ledger.snapshot_start
     finally:
         gc.enable()
 
@@ -463,6 +490,10 @@ def test_budget_restart(benchmark: Any, built: Built, chunking: Chunking,
     cold_headers: list[float] = []
     warm_headers: list[float] = []
     second: list[float] = []
+    cold_fallback: list[float] = []
+    warm_fallback: list[float] = []
+    second_paths: list[str] = []
+    fallback_paths: list[str] = []
     dropped: list[bool] = []
     sizes: dict[str, int] = {}
     from_headers: list[tuple[PIO.IndexStart, int]] = []
@@ -485,11 +516,27 @@ def test_budget_restart(benchmark: Any, built: Built, chunking: Chunking,
         seconds, indexed, keys = headers_start(root)
         warm_headers.append(seconds)
         from_headers.append((indexed, keys))
-        second.append(ledger_start(root))
+        seconds, path = ledger_start(root)
+        second.append(seconds)
+        second_paths.append(path)
+        # the fallback: no snapshot (a crash before any compaction), the journal replayed whole
+        built.restore_ledger(snapshot=False)
+        if dropped[-1]:
+            drop_caches()
+            seconds, path = ledger_start(root)
+            cold_fallback.append(seconds)
+            fallback_paths.append(path)
+            built.restore_ledger(snapshot=False)
+        seconds, path = ledger_start(root)
+        warm_fallback.append(seconds)
+        fallback_paths.append(path)
 
     benchmark.pedantic(one, rounds=RESTART_ROUNDS, iterations=1, warmup_rounds=0)
     built.restore_ledger()
+    assert set(second_paths) == {"used"}, second_paths
+    assert set(fallback_paths) == {"missing"}, fallback_paths
     for r in (*cold, *warm):
+        assert r.ledger_snapshot == "used", r.ledger_snapshot
         assert r.started == {"reclaimed": 0, "missing": 0, "orphans": 0, "evicted": 0,
                              "files": files, "bytes": root.budget_bytes}, r.started
         assert r.indexed == PIO.IndexStart(files, 0, files, 0, 0, "used"), r.indexed
@@ -498,6 +545,7 @@ def test_budget_restart(benchmark: Any, built: Built, chunking: Chunking,
         assert indexed == PIO.IndexStart(files, 0, 0, files, 0, "off"), indexed
         assert keys == files * built.keys_per_file
     cap = root.tier.ledger.ledger_bytes // S.SNAPSHOT_RESERVE_SHARE
+    ledger_cap = root.tier.ledger.snapshot_max_bytes()
     info: dict[str, Any] = dict(
         kind="budget_restart",
         index="snapshot",
@@ -525,6 +573,12 @@ def test_budget_restart(benchmark: Any, built: Built, chunking: Chunking,
         snapshot_write_s_per_100k=built.snapshot_s * PER_FILES / files,
         snapshot_cap_bytes=cap,
         snapshot_within_cap=built.snapshot_bytes <= cap,
+        ledger_snapshot="used",
+        ledger_snapshot_bytes=built.ledger_snapshot_bytes,
+        ledger_snapshot_bytes_per_file=built.ledger_snapshot_bytes / files,
+        ledger_snapshot_write_s_per_100k=built.ledger_snapshot_s * PER_FILES / files,
+        ledger_snapshot_cap_bytes=ledger_cap,
+        ledger_snapshot_within_cap=built.ledger_snapshot_bytes <= ledger_cap,
         o_direct=root.io.o_direct,
         filesystem=filesystem(os.path.realpath(root.root)),
         drop_caches=bool(dropped and all(dropped)),
@@ -542,6 +596,9 @@ def test_budget_restart(benchmark: Any, built: Built, chunking: Chunking,
     if len(cold_headers) >= 2:
         info["cold_index_headers"] = per_100k(cold_headers, files)
     info["warm_ledger_second_start"] = per_100k(second, files)
+    info["warm_ledger_fallback"] = per_100k(warm_fallback, files)
+    if len(cold_fallback) >= 2:
+        info["cold_ledger_fallback"] = per_100k(cold_fallback, files)
     headline = info["cold_total"] if len(cold) >= 2 else info["warm_total"]
     info["s_per_100k"] = headline["s_per_100k"]
     info["s_per_100k_ci"] = headline["s_per_100k_ci"]

@@ -34,6 +34,7 @@ from reference.keys import split_key
 from reference.knobs import BlocksPerChunk, Chunking, resolve
 from reference.prefix_structure import PrefixStructure
 from vllm_adapter.disk import budget as DB
+from vllm_adapter.disk import ledger_snapshot as LS
 from vllm_adapter.disk import packed_file as P
 from vllm_adapter.disk import packed_snapshot as PS
 from vllm_adapter.disk import tier as S
@@ -53,11 +54,11 @@ __all__ = [
 ]
 
 METADATA_FILES = frozenset({DB.LEDGER_FILE, DB.LOCK_FILE, S.GEOMETRY_FILE, "config.json",
-                            PS.SNAPSHOT_FILE})
+                            PS.SNAPSHOT_FILE, LS.SNAPSHOT_FILE})
 """Files under a root the budget does not cover as files (the module docstring of
 :mod:`vllm_adapter.disk.budget`: the ledger's reserve holds them); a ledger being compacted
-(``<ledger>.<pid>.compact``) and an index snapshot being written (``<snapshot>.<...>.tmp``)
-neither."""
+(``<ledger>.<pid>.compact``), an index snapshot being written (``<snapshot>.<...>.tmp``)
+and a ledger snapshot being written (``<snapshot>.<owner>.writing``) neither."""
 
 
 def full_attention_chunking(block_size: int, blocks_per_chunk: int) -> Chunking:
@@ -98,7 +99,8 @@ def budget_files(root: Path | str) -> dict[str, int]:
         if os.path.basename(dirpath) == LEASE_DIR:
             continue
         for name in names:
-            if name in METADATA_FILES or name.startswith((DB.LEDGER_FILE, PS.SNAPSHOT_FILE)):
+            if name in METADATA_FILES or name.startswith((DB.LEDGER_FILE, PS.SNAPSHOT_FILE,
+                                                          LS.SNAPSHOT_FILE)):
                 continue
             listed.append(os.path.join(dirpath, name))
     sizes: dict[str, int] = {}

@@ -57,12 +57,13 @@ from conformance.harness.fixture_runs import FixtureCase  # noqa: E402
 from conformance.protocol import deviations  # noqa: E402
 from conformance.protocol.trace import RequestSpec  # noqa: E402
 from vllm_adapter.disk import budget as DB  # noqa: E402
+from vllm_adapter.disk import ledger_snapshot as LS  # noqa: E402
 from vllm_adapter.disk import options as TO  # noqa: E402
 from vllm_adapter.disk import packed_snapshot as PS  # noqa: E402
 from vllm_adapter.disk import tier as S  # noqa: E402
 from vllm_adapter.disk.lease import LEASE_DIR  # noqa: E402
 
-LEDGER_FILES = (DB.LEDGER_FILE, DB.LOCK_FILE)
+LEDGER_FILES = (DB.LEDGER_FILE, DB.LOCK_FILE, LS.SNAPSHOT_FILE)
 """The root's budget ledger and its lock (kvchunk's tier state, not partial files)."""
 
 pytestmark = pytest.mark.faults

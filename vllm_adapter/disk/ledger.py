@@ -32,6 +32,7 @@ from typing import Any
 from reference.eviction import EvictionRule, unit_last_use
 from reference.knobs import Chunking
 from reference.prefix_structure import PrefixStructure
+from vllm_adapter.disk import ledger_snapshot
 from vllm_adapter.disk.journal import encode, fragment_json, hex_keys
 from vllm_adapter.disk.lease import LEASE_SECONDS, FlockUnsupported, Lease, RootLock
 from vllm_adapter.disk.ledger_model import (
@@ -130,6 +131,7 @@ class RootLedger(LedgerModel):
         disk, a file-size limit): journaled at this ledger's next locked operation."""
         self._fixed_reserve = reserve
         self._adopt = adopt_budget
+        self._use_snapshot = True
         self.budget = budget
         self._set_budget(budget)
         self._reset()
@@ -145,9 +147,13 @@ class RootLedger(LedgerModel):
             raise
 
     @classmethod
-    def replayed(cls, root: str, rule: EvictionRule = EvictionRule.REACHABLE) -> RootLedger:
+    def replayed(cls, root: str, rule: EvictionRule = EvictionRule.REACHABLE, *,
+                 snapshot: bool = False,
+                 chunkings: Mapping[str, Chunking] | None = None) -> RootLedger:
         """The model a fresh replay of ``root``'s journal gives, read without the lock and
-        without a lease (a check compares engines with it; it must not act)."""
+        without a lease (a check compares engines with it; it must not act): every line
+        replayed, or with ``snapshot``, from the ledger's snapshot when it binds the
+        journal.  ``chunkings``: as the engine's (namespace -> its chunking)."""
         self = cls.__new__(cls)
         self.root, self.rule = root, rule
         self.counters = BudgetCounters()
@@ -155,9 +161,10 @@ class RootLedger(LedgerModel):
         self.ledger_path = os.path.join(root, LEDGER_FILE)
         self._thread_lock = threading.RLock()
         self._local = threading.local()
-        self._chunkings, self._kept, self._mine, self._uses = {}, {}, {}, {}
+        self._chunkings, self._kept, self._mine, self._uses = dict(chunkings or {}), {}, {}, {}
         self._owed, self._compacted_bytes = [], 0
         self._fixed_reserve, self._adopt = None, False
+        self._use_snapshot = snapshot
         self._reset()
         self._sync()
         self._set_budget(self._recorded_budget or 0)
@@ -587,7 +594,8 @@ class RootLedger(LedgerModel):
             for t in stray:
                 self.io.unlink(os.path.join(self.root, t))
             orphans += stray
-            self._reconcile_sizes()
+            self._reconcile_sizes(self._verified)
+            self._verified = {}
             victims = self._plan_evictions(partial=True) or []
             self._evict(victims)
             self.counters.add(orphans_removed=len(orphans))
@@ -596,12 +604,17 @@ class RootLedger(LedgerModel):
                     "orphans": len(orphans), "evicted": len(victims),
                     "files": len(self._res), "bytes": self.total_bytes}
 
-    def _reconcile_sizes(self) -> None:
+    def _reconcile_sizes(self, verified: Mapping[str, str] | None = None) -> None:
         """Written files whose size on disk differs from their record get a ``size`` record
-        (a damaged or lying journal never lets the root pass its budget)."""
+        (a damaged or lying journal never lets the root pass its budget).  ``verified``:
+        path -> rid of files whose size the ledger's snapshot found right when it was
+        written at shutdown (the journal is then byte for byte the one checked, so their
+        records are the ones checked; a file's size changes after its ``done`` only by a
+        new reservation of its path, which the snapshot does not hold): not ``stat``-ed."""
         records = []
+        verified = verified or {}
         for path, r in self._res.items():
-            if path in self._pending:
+            if path in self._pending or verified.get(path) == r.rid:
                 continue
             try:
                 size = os.stat(os.path.join(self.root, path)).st_size
@@ -612,11 +625,61 @@ class RootLedger(LedgerModel):
         self._append(records)
 
     def close(self) -> None:
-        """Journal pending reads and release the lease (the tier is shut down)."""
+        """Journal pending reads, write the ledger's snapshot (:meth:`save_snapshot`: the
+        next start loads it) and release the lease (the tier is shut down)."""
         with contextlib.suppress(OSError):
             with self._locked():
-                pass
+                self._save_snapshot_locked(self.snapshot_max_bytes(), verify=True)
         self.lease.release()
+
+    # -- the snapshot -----------------------------------------------------------
+
+    def snapshot_max_bytes(self) -> int:
+        """The most bytes the ledger's snapshot may take: a sixteenth of the ledger's
+        reserve (:data:`vllm_adapter.disk.ledger_snapshot.RESERVE_SHARE`)."""
+        return self.ledger_bytes // ledger_snapshot.RESERVE_SHARE
+
+    def save_snapshot(self, max_bytes: int | None = -1, verify: bool = True) -> int | None:
+        """Write the ledger's snapshot (:mod:`vllm_adapter.disk.ledger_snapshot`) of the
+        journal as it is now, under the root's lock, as :meth:`close` does: its bytes, or
+        None when it would pass ``max_bytes`` (default :meth:`snapshot_max_bytes`; None: no
+        cap), the older one then removed.  ``verify``: every written file's size is checked
+        first (a ``size`` record where it differs) and the snapshot says so.  A write that
+        fails (a full disk) raises, the older one kept."""
+        with self._locked():
+            return self._save_snapshot_locked(
+                self.snapshot_max_bytes() if max_bytes == -1 else max_bytes, verify)
+
+    def _save_snapshot_locked(self, max_bytes: int | None, verify: bool = False) -> int | None:
+        """:meth:`save_snapshot` under the lock: a fresh replay of the journal (from the
+        current snapshot and the tail when it binds), encoded and written atomically."""
+        ledger_snapshot.remove_partial(self.root)
+        path = os.path.join(self.root, ledger_snapshot.SNAPSHOT_FILE)
+        if max_bytes is not None and self._compacted_bytes > max_bytes:
+            # the journal's live records alone pass the cap, and the snapshot holds as much:
+            # not built only to be dropped (a compaction would pay a replay for nothing)
+            self.io.unlink(path)
+            return None
+        if verify:
+            self._reconcile_sizes()
+        try:
+            with open(self.ledger_path, "rb") as f:
+                journal = f.read()
+        except FileNotFoundError:
+            journal = b""
+        with self._thread_lock:
+            chunkings = dict(self._chunkings)
+        model = ledger_snapshot.replay(self.ledger_path, journal, chunkings)
+        try:
+            data = ledger_snapshot.encode(model, journal, verify)
+        except ValueError:  # a model the snapshot cannot hold whole: none is written
+            data = None
+        if data is None or (max_bytes is not None and len(data) > max_bytes):
+            self.io.unlink(path)  # a stale one would only take room: a start would not use it
+            return None
+        ledger_snapshot.write(self.root, self.owner, data, self.io)
+        self.counters.add(snapshots_written=1)
+        return len(data)
 
     # -- compaction -------------------------------------------------------------
 
@@ -671,6 +734,8 @@ class RootLedger(LedgerModel):
             return  # the long journal stays valid; the next acquisition tries again
         self.counters.add(compactions=1)
         self._sync()  # a new inode: replayed whole, the structures pruned to the live files
+        with contextlib.suppress(OSError):  # the next start replays the journal whole
+            self._save_snapshot_locked(self.snapshot_max_bytes())
 
     def _snapshot(self) -> list[dict[str, Any]]:
         records: list[dict[str, Any]] = [{"op": "budget", "bytes": self._recorded_budget

@@ -51,6 +51,14 @@ class BudgetCounters(Counters):
     journal_records_skipped: int = 0
     """Journal lines that were torn or damaged (skipped on replay)."""
     compactions: int = 0
+    snapshot_loads: int = 0
+    """Whole replays that loaded the model from the ledger's snapshot and replayed only the
+    journal's tail after it (:mod:`vllm_adapter.disk.ledger_snapshot`)."""
+    snapshot_fallbacks: int = 0
+    """Whole replays that tried the snapshot and replayed the whole journal (missing,
+    stale, damaged: :attr:`LedgerModel.snapshot_start` says why)."""
+    snapshots_written: int = 0
+    """Ledger snapshots this tier wrote (at a compaction, at shutdown)."""
 
     def as_dict(self) -> dict[str, int]:
         with self._lock:
@@ -105,6 +113,16 @@ class LedgerModel:
     _compacted_bytes: int
     """About the journal's size were it compacted now: the live records' bytes, set when
     :meth:`_sync` replays it whole (a start, a compaction, a replaced journal)."""
+    _use_snapshot: bool = False
+    """A whole replay with no structures to keep loads the ledger's snapshot when it binds
+    the journal (:mod:`vllm_adapter.disk.ledger_snapshot`); False: always the whole journal."""
+    snapshot_start: str = ""
+    """How the last whole replay that tried the snapshot began: ``used``, or why not
+    (``missing``, ``stale``, ``damaged``, ``version``, ``chunking``, ``unreadable``)."""
+    _verified: dict[str, str] = {}  # noqa: RUF012  (replaced, never changed in place)
+    """Path -> rid of the files whose size the snapshot this model was loaded from found
+    equal to their record when it was written (:meth:`RootLedger._reconcile_sizes` need
+    not ``stat`` them again); empty when the model was replayed."""
 
     def _reset(self) -> None:
         self._spaces: dict[str, Namespace] = {}
@@ -325,9 +343,8 @@ class LedgerModel:
             kept = {**self._kept, **{ns: space.structure for ns, space in self._spaces.items()}}
             self._reset()
             self._kept = kept
+            self._replay_whole(f.read(st.st_size))
             self._inode = st.st_ino
-            self._replay(f, st.st_size)
-            self._compacted_bytes = sum(r.line_bytes for r in self._res.values())
         self._kept = {}
         self._events = events
         for path, ns in before.items():
@@ -337,11 +354,31 @@ class LedgerModel:
             if path not in before and self._spaces[r.ns].disk.files[r.fid].ready:
                 self._event(r.ns, path, True)
 
+    def _replay_whole(self, data: bytes) -> None:
+        """The model of the journal's bytes ``data``, into a model just reset: from the
+        ledger's snapshot and the journal after it when the snapshot binds ``data`` (and no
+        structure is kept, :attr:`_kept`: a fresh replay is then what the model would be),
+        else every line."""
+        self._verified = {}
+        if self._use_snapshot and not self._kept:
+            from vllm_adapter.disk import ledger_snapshot
+
+            self.snapshot_start = ledger_snapshot.load(self, data)
+            if self.snapshot_start == "used":
+                self.counters.add(snapshot_loads=1)
+            else:
+                self.counters.add(snapshot_fallbacks=1)
+        self._apply_lines(data[self._offset:] if self._offset else data)
+        self._compacted_bytes = sum(r.line_bytes for r in self._res.values())
+
     def _replay(self, f: Any, size: int) -> None:
         if size <= self._offset:
             return
         f.seek(self._offset)
-        data = f.read(size - self._offset)
+        self._apply_lines(f.read(size - self._offset))
+
+    def _apply_lines(self, data: bytes) -> None:
+        """Apply the whole lines of ``data``, the journal from :attr:`_offset`."""
         end = data.rfind(b"\n") + 1
         for line in data[:end].splitlines():
             rec = decode(line)

@@ -101,6 +101,15 @@ BUDGET_COUNTERS: dict[str, str] = {
     "leases_lost": "Times a peer judged this kvchunk file tier dead and removed its lease.",
     "journal_records_skipped": "Torn or damaged ledger journal lines this kvchunk file tier skipped.",
     "compactions": "Ledger journal compactions this kvchunk file tier ran.",
+    "snapshot_loads": (
+        "Starts of this kvchunk file tier whose ledger model was loaded from the ledger's "
+        "snapshot (only the journal after it replayed)."
+    ),
+    "snapshot_fallbacks": (
+        "Starts of this kvchunk file tier that replayed the whole ledger journal: the "
+        "ledger's snapshot was missing, stale or damaged."
+    ),
+    "snapshots_written": "Ledger snapshots this kvchunk file tier wrote (compaction, shutdown).",
 }
 """Counters from :meth:`~vllm_adapter.disk.tier_budget.TierBudget.snapshot` (this tier's)."""
 

@@ -1,0 +1,456 @@
+"""The ledger's model snapshot: a start loads the model instead of replaying the journal.
+
+**Why** (issue #30 item 4): every engine's start replays the root's journal whole
+(:meth:`~vllm_adapter.disk.ledger_model.LedgerModel._sync`): each ``add`` decoded and
+built into the reference's :class:`~reference.eviction.Disk` and
+:class:`~reference.prefix_structure.PrefixStructure`, 5.6 s per 100k files warm
+(``reports/bench.md``, "a tier's start over a full root").  The snapshot is one file,
+``<root>/kvchunk-ledger.snap``, holding the model a fresh replay of the journal's first
+``L`` bytes builds, so a start loads it and replays only what was appended after ``L``.
+
+**When it is written** (:meth:`~vllm_adapter.disk.ledger.RootLedger.save_snapshot`,
+under the root's lock): after a compaction and when the tier shuts down
+(:meth:`~vllm_adapter.disk.ledger.RootLedger.close`).  What it holds is never the
+engine's own model (which holds what this engine observed itself, and ids and clock
+ticks of refused stores): it is a fresh replay of the journal, built for the write
+(:func:`replay`, from the current snapshot and the tail when that binds, else from the
+whole journal), so that a start from it builds the model a full replay builds.  The
+shutdown's write first checks every written file's size against its record (``size``
+records where it differs, as a start does) and the snapshot says so (:data:`VERIFIED`).
+
+**What binds it to the journal**: ``L`` and the XXH3-128 digest of the journal's first
+``L`` bytes (a whole number of lines), and, per namespace, the full-attention groups of
+the chunking the replay judged it with (the engine's, given to the ledger; they decide
+which keys a file's model counts as full-attention).  Not the inode: the model is a
+function of the bytes, and a journal rewritten with the same bytes gives the same model
+(a compaction by another engine, or any rewrite, changes the bytes: a new digest).  Not
+the budget or the rule: replaying records reads neither (the recorded budget is a record
+of the journal, so it is in the model).
+
+**How a start trusts it** (:func:`load`): the file is checked whole (magic, version, its
+length, the XXH3-128 digest of its payload), then the binding against the journal now on
+disk (``L`` at most its length, at a line's end, the digest of its first ``L`` bytes), then
+each namespace's chunking; then the payload is read and checked as it is installed (the
+type of every field, every size, id and count; the totals recomputed; the key
+collections' own items are not checked one by one: see :func:`_keys`).  Anything else --
+missing, damaged, stale, another version or chunking, any error reading it -- and the
+journal is replayed whole, as without a snapshot;
+:attr:`~vllm_adapter.disk.ledger_model.LedgerModel.snapshot_start` says which (``used`` or
+why not) and the budget counters count both.  A snapshot never makes a model a full
+replay would not: it is the full replay's state, bound to the bytes it was replayed from
+(``tests/test_ledger_snapshot.py`` checks it field by field after random runs of every
+operation, a crash at each step of writing it, and another engine appending).
+
+**Sizes at a start** (:meth:`~vllm_adapter.disk.ledger.RootLedger._reconcile_sizes`): a
+start from a snapshot the shutdown wrote does not ``stat`` the files the snapshot holds
+(one ``stat`` per file was 3 s per 100k files with a cold page cache): their records are
+byte for byte the ones the shutdown checked against the files, and a written file's size
+changes after its ``done`` only by a new reservation of its path, which is in the
+journal's tail (its file is ``stat``-ed).  A start from a compaction's snapshot, or from
+the journal, checks every file as before.  What is left unchecked is a file changed by
+something other than kvchunk between a shutdown and the next start (while engines run,
+nothing checks that either; the index's snapshot is validated against a listing of names
+only, each load checks its file's identity).
+
+**The format**: nothing is pickled (the root may be shared): the payload is
+:mod:`marshal` of plain types only (ints, bytes, str, tuples, lists, frozensets, None),
+which builds no object but those and runs no code, and is read back field by field into
+the model's classes::
+
+    magic "KVCLSNAP" (8) | version (2) | marshal version (2) | flags (2): VERIFIED | L (8)
+    | journal digest (16): XXH3-128 of the journal's first L bytes
+    | payload bytes (8) | payload digest (16): XXH3-128 of the payload
+    | payload: marshal of (recorded budget, clock, skipped lines, namespaces, reservations,
+                           pending paths)
+
+**Cost and bound**: about 100 bytes per key and 150 per file (the keys once each, the
+prefix structure's tables, the paths and ids): 1,127 bytes per file of the budget bench's
+11 keys, 1.27x its journal.  A tier writes it only when it fits :data:`RESERVE_SHARE` of
+the ledger's reserve (an older one is removed then; a journal whose live records alone
+pass that share is not even replayed for it): the journal compacts at half the reserve,
+the quarantine keeps a quarter, the index snapshot an eighth, and this one takes a
+sixteenth, so the root stays within ``disk_bytes_to_use``.  Sections of 512 KiB and more
+always fit (per section, a sixteenth of the reserve is ``section bytes / 2048``); the
+budget bench's 4 KiB sections do not (the bench writes it without the cap and says by
+how much, as for the index snapshot).  Writing it costs a replay of the journal (from
+the current snapshot when that binds) and, at shutdown, one ``stat`` per file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import glob
+import itertools
+import marshal
+import os
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import xxhash
+
+from reference.eviction import Disk, EvictionRule, _File
+from reference.knobs import Chunking
+from reference.prefix_structure import PrefixStructure
+
+if TYPE_CHECKING:
+    from vllm_adapter.disk.ledger_model import LedgerModel
+
+__all__ = [
+    "RESERVE_SHARE",
+    "SNAPSHOT_FILE",
+    "chunking_binding",
+    "encode",
+    "journal_digest",
+    "load",
+    "remove_partial",
+    "replay",
+    "write",
+]
+
+SNAPSHOT_FILE = "kvchunk-ledger.snap"
+"""In the root, beside the journal."""
+PARTIAL_SUFFIX = ".writing"
+"""A snapshot being written: ``kvchunk-ledger.snap.<owner>.writing``, renamed over
+:data:`SNAPSHOT_FILE` once whole (one left by a crash is removed by the next write)."""
+MAGIC = b"KVCLSNAP"
+VERSION = 1
+MARSHAL_VERSION = 4
+RESERVE_SHARE = 16
+"""The snapshot takes at most this share of the ledger's reserve (the module docstring)."""
+_HEAD = struct.Struct("<8sHHHQ16sQ16s")
+VERIFIED = 1
+"""A flag: the writer checked every written file's size against the model (:meth:`RootLedger.close`)."""
+_DISK_FIELDS = frozenset({"structure", "files", "file_of", "bytes", "peak_bytes", "clock",
+                          "_next_id", "_dependents", "_leaves", "_recency", "_windows_only"})
+"""A :class:`~reference.eviction.Disk`'s state, every field of it: a model whose Disk holds
+anything else is not written (a field added to the class needs this module too)."""
+_STRUCTURE_FIELDS = frozenset({"chunking", "window_rule", "alignment", "full_groups", "parent",
+                               "children", "full_at", "windows_at", "serves", "end_token"})
+
+
+def journal_digest(data: bytes | memoryview) -> bytes:
+    return xxhash.xxh3_128_digest(data)
+
+
+def chunking_binding(chunking: Chunking | None) -> tuple[int, ...] | None:
+    """What of a namespace's chunking its replayed model depends on: the full-attention
+    groups (:meth:`~reference.prefix_structure.PrefixStructure.is_full`), or None."""
+    return None if chunking is None else tuple(sorted(chunking.full_groups))
+
+
+# -- writing ------------------------------------------------------------------
+
+
+def _canon(table: dict[bytes, bytes], keys: Any) -> list[bytes]:
+    """``keys`` as one object per value (:mod:`marshal` writes an object it saw before as a
+    reference: a key that many files and boundaries name is written once)."""
+    return [table.setdefault(k, k) for k in keys]
+
+
+def _disk_state(disk: Disk, canon: dict[bytes, bytes]) -> tuple[Any, ...]:
+    if set(vars(disk)) != _DISK_FIELDS:
+        raise ValueError(f"a Disk with fields {sorted(vars(disk))}: not snapshotted")
+    files = list(disk.files.values())
+    return (list(disk.files), [tuple(_canon(canon, f.keys)) for f in files],
+            [f.nbytes for f in files], [f.last_use for f in files], [f.ready for f in files],
+            [f.pins for f in files], _canon(canon, disk.file_of), list(disk.file_of.values()),
+            (disk.bytes, disk.peak_bytes, disk.clock, disk._next_id), list(disk._dependents),
+            list(disk._dependents.values()), list(disk._leaves), list(disk._recency),
+            list(disk._windows_only))
+
+
+def _structure_state(s: PrefixStructure, canon: dict[bytes, bytes]) -> tuple[Any, ...]:
+    if set(vars(s)) != _STRUCTURE_FIELDS or s.end_token:
+        raise ValueError("a prefix structure fed by more than records: not snapshotted")
+    return (_canon(canon, s.parent), [None if p is None else canon.setdefault(p, p)
+                                       for p in s.parent.values()],
+            _canon(canon, s.children), [set(_canon(canon, c)) for c in s.children.values()],
+            _canon(canon, s.full_at), [tuple(_canon(canon, f)) for f in s.full_at.values()],
+            [frozenset(_canon(canon, s.windows_at[b])) for b in s.full_at],
+            _canon(canon, s.serves), [_canon(canon, b) for b in s.serves.values()])
+
+
+def encode(model: LedgerModel, journal: bytes | memoryview, verified: bool = False) -> bytes:
+    """The snapshot file's bytes of ``model``, a fresh replay of ``journal`` (its first
+    ``model._offset`` bytes, whole lines), with ``model._chunkings``' bindings;
+    ``verified``: the writer found every written file's size equal to its record."""
+    length = model._offset
+    canon: dict[bytes, bytes] = {}
+    names: dict[str, str] = {}
+    spaces = []
+    for ns, space in model._spaces.items():
+        if list(space.structure.full_at) != list(space.structure.windows_at):
+            raise ValueError("a prefix structure whose boundaries disagree: not snapshotted")
+        spaces.append((ns, chunking_binding(model._chunkings.get(ns)),
+                       _structure_state(space.structure, canon), _disk_state(space.disk, canon),
+                       list(space.path_of), [names.setdefault(p, p) for p in space.path_of.values()]))
+    res = list(model._res.values())
+    columns = ([names.setdefault(p, p) for p in model._res], [r.rid for r in res], [names.setdefault(r.ns, r.ns) for r in res],
+               [r.fid for r in res], [names.setdefault(r.owner, r.owner) for r in res],
+               [r.line_bytes for r in res])
+    state = (model._recorded_budget, model._clock,
+             model.counters.as_dict()["journal_records_skipped"], spaces, columns,
+             sorted(model._pending))
+    payload = marshal.dumps(state, MARSHAL_VERSION)
+    head = _HEAD.pack(MAGIC, VERSION, MARSHAL_VERSION, VERIFIED if verified else 0, length,
+                      journal_digest(memoryview(journal)[:length]), len(payload),
+                      journal_digest(payload))
+    return head + payload
+
+
+def remove_partial(root: str) -> None:
+    """Remove snapshots a crashed writer left half written (called under the root's lock:
+    no other writer is running)."""
+    for path in glob.glob(glob.escape(os.path.join(root, SNAPSHOT_FILE)) + ".*" + PARTIAL_SUFFIX):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def write(root: str, owner: str, data: bytes, io: Any) -> None:
+    """Write ``data`` as the root's snapshot atomically (a temporary file renamed over
+    :data:`SNAPSHOT_FILE`; a start reads the old one or the new one), through the ledger's
+    I/O (``io.write``, ``io.replace``: where a test injects its faults)."""
+    path = os.path.join(root, SNAPSHOT_FILE)
+    tmp = f"{path}.{owner}{PARTIAL_SUFFIX}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            n = io.write(fd, bytes(view[: 1 << 24]))
+            if n <= 0:
+                raise OSError(28, "the snapshot's write made no progress")  # ENOSPC
+            view = view[n:]
+        os.fsync(fd)
+    except OSError:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    try:
+        io.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# -- reading ------------------------------------------------------------------
+
+
+class Damaged(ValueError):
+    pass
+
+
+def _check(ok: bool) -> None:
+    if not ok:
+        raise Damaged("a field of the wrong type")
+
+
+def _of(values: Any, *kinds: type) -> list[Any]:
+    """``values``, a list whose items are all of ``kinds`` (Damaged: not)."""
+    _check(type(values) is list and set(map(type, values)) <= set(kinds))
+    return values  # type: ignore[no-any-return]
+
+
+def _counts(values: Any) -> list[int]:
+    _check(min(_of(values, int), default=0) >= 0)
+    return values  # type: ignore[no-any-return]
+
+
+def _flat(values: list[Any], *kinds: type) -> None:
+    """Every item of every collection in ``values`` is of ``kinds``."""
+    _check(set(map(type, itertools.chain.from_iterable(values))) <= set(kinds))
+
+
+def _keys(values: Any, kind: type) -> list[Any]:
+    """``values``, a list of ``kind`` collections of keys.  Their keys are not checked one
+    by one (millions of them, a third of the load's time): the payload's digest vouches
+    for them against damage, and a key of another type, which only a payload forged with
+    its digest could hold, builds no object but a plain one and makes no file count less
+    (sizes, ids and counts are all checked)."""
+    return _of(values, kind)
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def load(model: LedgerModel, journal: bytes) -> str:
+    """Install the snapshot of ``model``'s root into ``model`` (fresh: just reset) when it
+    binds ``journal`` (the journal's bytes now); ``used``, or why not (``missing``,
+    ``damaged``, ``version``, ``stale``, ``chunking``), the model then left reset."""
+    try:
+        data = _read(os.path.join(os.path.dirname(model.ledger_path), SNAPSHOT_FILE))
+    except OSError:
+        return "unreadable"
+    if data is None:
+        return "missing"
+    if len(data) < _HEAD.size:
+        return "damaged"
+    magic, version, mversion, flags, length, bound, size, digest = _HEAD.unpack_from(data)
+    if magic != MAGIC or len(data) != _HEAD.size + size:
+        return "damaged"
+    if version != VERSION or mversion != MARSHAL_VERSION:
+        return "version"
+    payload = memoryview(data)[_HEAD.size:]
+    if journal_digest(payload) != digest:
+        return "damaged"
+    if length > len(journal) or (length and journal[length - 1] != 0x0A):
+        return "stale"
+    if journal_digest(memoryview(journal)[:length]) != bound:
+        return "stale"
+    collecting = gc.isenabled()
+    gc.disable()  # millions of containers, none garbage: no collection pass over them
+    try:
+        state = marshal.loads(payload)
+        why = _install(model, state, length)
+    except (ValueError, TypeError, EOFError, KeyError, IndexError, AttributeError,
+            OverflowError):
+        why = "damaged"
+    finally:
+        if collecting:
+            gc.enable()
+    if why != "used":
+        model._reset()
+    elif flags & VERIFIED:  # the sizes of the files written then (not of those pending)
+        pending = model._pending
+        model._verified = {p: r.rid for p, r in model._res.items() if p not in pending}
+    return why
+
+
+def _install(model: LedgerModel, state: Any, length: int) -> str:
+    """Build ``model`` from a snapshot's payload, every field checked (Damaged: not)."""
+    from vllm_adapter.disk.ledger_model import Namespace, Reservation
+
+    _check(type(state) is tuple and len(state) == 6)
+    budget, clock, skipped, spaces, columns, pending = state
+    _check((budget is None or type(budget) is int) and type(clock) is int
+           and type(skipped) is int and type(columns) is tuple and len(columns) == 6)
+    for entry in _of(spaces, tuple):
+        _check(len(entry) == 6 and type(entry[0]) is str)
+        if entry[1] != chunking_binding(model._chunkings.get(entry[0])):
+            return "chunking"
+    for ns, _, structure_state, disk_state, path_fids, path_names in spaces:
+        structure = PrefixStructure(model._chunkings.get(ns))
+        _fill_structure(structure, structure_state)
+        disk = Disk(structure)
+        _fill_disk(disk, disk_state)
+        _check(len(_counts(path_fids)) == len(_of(path_names, str)))
+        path_of = dict(zip(path_fids, path_names, strict=True))
+        _check(path_of.keys() == disk.files.keys())
+        model._spaces[ns] = Namespace(structure, disk, path_of)
+    paths, rids, nss, fids, owners, line_bytes = columns
+    _of(paths, str)
+    _of(rids, str)
+    _of(nss, str)
+    _counts(fids)
+    _of(owners, str)
+    _counts(line_bytes)
+    _check(len(paths) == len(rids) == len(nss) == len(fids) == len(owners) == len(line_bytes))
+    res = dict(zip(paths, map(Reservation, rids, nss, fids, owners, line_bytes), strict=True))
+    by_rid = dict(zip(rids, paths, strict=True))
+    spaces_of = model._spaces
+    _check(len(res) == len(paths) == len(by_rid)
+           and sum(len(s.disk.files) for s in spaces_of.values()) == len(paths)
+           and all(spaces_of[n].path_of[f] == p for p, n, f in zip(paths, nss, fids, strict=True))
+           and set(_of(pending, str)) <= res.keys())
+    model._res = res
+    model._by_rid = by_rid
+    model._pending = set(pending)
+    model._recorded_budget = budget
+    model._clock = clock
+    model._offset = length
+    if skipped:
+        model.counters.add(journal_records_skipped=skipped)
+    return "used"
+
+
+def _fill_structure(s: PrefixStructure, state: Any) -> None:
+    _check(type(state) is tuple and len(state) == 9)
+    parents, parent_of, heads, children, bounds, full, windows, served, serves = state
+    _of(parents, bytes)
+    _of(parent_of, bytes, type(None))
+    _of(heads, bytes)
+    _keys(children, set)
+    _of(bounds, bytes)
+    _keys(full, tuple)
+    _keys(windows, frozenset)
+    _of(served, bytes)
+    _keys(serves, list)
+    s.parent = dict(zip(parents, parent_of, strict=True))
+    s.children = dict(zip(heads, children, strict=True))
+    s.full_at = dict(zip(bounds, full, strict=True))
+    s.windows_at = dict(zip(bounds, windows, strict=True))
+    s.serves = dict(zip(served, serves, strict=True))
+    _check(len(s.parent) == len(parents) and len(s.children) == len(heads)
+           and len(s.full_at) == len(bounds) and len(s.serves) == len(served))
+
+
+def _fill_disk(disk: Disk, state: Any) -> None:
+    _check(type(state) is tuple and len(state) == 14)
+    (fids, keys, nbytes, last_use, ready, pins, held, holder, scalars, dep_fids, dep_counts,
+     leaves, recency, windows_only) = state
+    _counts(fids)
+    _keys(keys, tuple)
+    _counts(nbytes)
+    _of(last_use, int)
+    _of(ready, bool)
+    _counts(pins)
+    _of(held, bytes)
+    _counts(holder)
+    _check(type(scalars) is tuple and len(scalars) == 4 and set(map(type, scalars)) <= {int})
+    _counts(dep_fids)
+    _of(dep_counts, int)
+    _flat(_of(leaves, tuple), int)
+    _check(all(len(e) == 3 for e in leaves))
+    _counts(recency)
+    _counts(windows_only)
+    _check(len(fids) == len(keys) == len(nbytes) == len(last_use) == len(ready) == len(pins))
+    files = dict(zip(fids, map(_File, keys, nbytes, last_use, ready, pins), strict=True))
+    total = scalars[0]
+    _check(len(files) == len(fids) and total == sum(nbytes)
+           and set(holder) <= files.keys() and len(held) == len(holder)
+           and set(recency) == files.keys() == set(dep_fids) and len(recency) == len(files)
+           and set(windows_only) <= files.keys())
+    disk.files = files
+    disk.file_of = dict(zip(held, holder, strict=True))
+    _check(len(disk.file_of) == len(held))
+    disk.bytes, disk.peak_bytes, disk.clock, disk._next_id = scalars
+    disk._dependents = dict(zip(dep_fids, dep_counts, strict=True))
+    disk._leaves = leaves
+    disk._recency = OrderedDict.fromkeys(recency)
+    disk._windows_only = OrderedDict.fromkeys(windows_only)
+
+
+# -- a replay of its own --------------------------------------------------------
+
+
+def replay(ledger_path: str, journal: bytes, chunkings: Mapping[str, Chunking]) -> LedgerModel:
+    """A fresh replay of the journal's bytes ``journal`` (from the current snapshot and the
+    tail when it binds), the model a snapshot is written from: no lease, no lock of its
+    own (the caller holds the root's), nothing this engine observed itself."""
+    from vllm_adapter.disk.ledger_model import BudgetCounters, LedgerIO, LedgerModel
+
+    model = LedgerModel()
+    model.root = os.path.dirname(ledger_path)
+    model.rule = EvictionRule.REACHABLE  # a replay reads no rule
+    model.counters = BudgetCounters()
+    model.io = LedgerIO()
+    model.ledger_path = ledger_path
+    model._thread_lock = threading.RLock()
+    model._chunkings = dict(chunkings)
+    model._kept = {}
+    model._compacted_bytes = 0
+    model._use_snapshot = True
+    model._reset()
+    model._replay_whole(journal)
+    return model
