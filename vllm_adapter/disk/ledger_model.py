@@ -51,6 +51,8 @@ class BudgetCounters(Counters):
     journal_records_skipped: int = 0
     """Journal lines that were torn or damaged (skipped on replay)."""
     compactions: int = 0
+    files_recycled: int = 0
+    """Victims that became a new file's temporary file (of ``files_evicted``)."""
 
     def as_dict(self) -> dict[str, int]:
         with self._lock:

@@ -101,6 +101,10 @@ BUDGET_COUNTERS: dict[str, str] = {
     "leases_lost": "Times a peer judged this kvchunk file tier dead and removed its lease.",
     "journal_records_skipped": "Torn or damaged ledger journal lines this kvchunk file tier skipped.",
     "compactions": "Ledger journal compactions this kvchunk file tier ran.",
+    "files_recycled": (
+        "Evicted files this kvchunk file tier overwrote as a new file's temporary file "
+        "(counted in files_evicted)."
+    ),
 }
 """Counters from :meth:`~vllm_adapter.disk.tier_budget.TierBudget.snapshot` (this tier's)."""
 
