@@ -1089,11 +1089,13 @@ VLLM_FILE_READ = (0, 1, 0, 0, 0, 1, 0, 0)
 VLLM_MISS_PROBE = (0, 0, 0, 0, 0, 1, 0, 0)
 # kvchunk's packed tier: a store job that writes files is two ledger transactions (open lock,
 # flock, symlink held, open to replay, open to write, write, readlink + unlink held, release);
-# a file stored is a create + rename + an eviction's unlink + the write's poll (a stat), and
-# no directory call (its directory exists after the first file); a file a load opens: open;
+# a file stored is, a full budget evicting a file per file written, the victim's rename onto
+# the temporary name (recycled), its open and the rename into place, + the write's poll (a
+# stat), and no directory call (its directory exists after the first file); a file a load
+# opens: open;
 # a load job: its use records (open + write).
 KVCHUNK_STORE_JOB = (0, 6, 0, 0, 0, 0, 10, 2)
-KVCHUNK_FILE_STORED = (1, 0, 1, 1, 0, 1, 0, 0)
+KVCHUNK_FILE_STORED = (0, 1, 2, 0, 0, 1, 0, 0)
 KVCHUNK_FILE_OPENED = (0, 1, 0, 0, 0, 0, 0, 0)
 KVCHUNK_LOAD_JOB = (0, 1, 0, 0, 0, 0, 0, 1)
 

@@ -13,7 +13,14 @@ released, nothing else runs) at every step of the store protocol:
 * ``after-unlink-before-rm``: a victim unlinked, its ``rm`` not journaled;
 * ``mid-append``: a journal record torn;
 * ``short-write``: the journal's writes return fewer bytes (no crash; the record is whole);
-* ``append-enospc``: a journal write fails part way (the journal is truncated back).
+* ``append-enospc``: a journal write fails part way (the journal is truncated back);
+* ``before-recycle-rename``: a store's ``add`` naming a victim to recycle is journaled, the
+  victim not yet renamed onto the new file's temporary name;
+* ``after-recycle-rename``: the victim renamed, its ``rm`` not journaled.
+
+A store recycles its victims (``TierBudget.recycle``, as the tier does) or, one in
+three, unlinks them: a recycled victim no larger than a new file becomes its temporary file,
+which the writers here overwrite (:func:`_write_whole`).
 
 After every step (:meth:`LedgerMachine.check_root`): every file under the root (walked,
 sizes from ``st_blocks``: journal, lock and leases included) fits ``disk_bytes_to_use``;
@@ -28,6 +35,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -67,12 +75,13 @@ RESERVE = 128 << 10
 FILES_BUDGET = 4 * 2 * KEY_BYTES
 BUDGET = FILES_BUDGET + RESERVE
 IN_LOCK = ("mid-append", "after-unlink-before-rm", "snapshot-mid-write",
-           "snapshot-before-rename")
+           "snapshot-before-rename", "before-recycle-rename", "after-recycle-rename")
 """Crash points inside the root's lock."""
 HOSTS = {"e1": "remotehost01"}
 """Engines of the machine on another host (:class:`FaultyIO`): e0 and e2 share this kernel."""
 CRASH_POINTS = ("after-add", "mid-write", "after-rename", "after-unlink-before-rm",
-                "mid-append", "short-write", "append-enospc", "done-enospc")
+                "mid-append", "short-write", "append-enospc", "done-enospc",
+                "before-recycle-rename", "after-recycle-rename")
 SNAPSHOT_CRASH_POINTS = ("snapshot-mid-write", "snapshot-before-rename")
 """Crash points of writing the ledger's snapshot (:meth:`LedgerMachine.snapshot`)."""
 REACHED: collections.Counter[str] = collections.Counter()
@@ -180,17 +189,24 @@ class FaultyIO(LedgerIO):
             raise OSError(errno.ENOSPC, "injected: no space left for the ledger's done record")
         return os.write(fd, data)
 
-    def replace(self, src: str, dst: str) -> None:
-        if self.armed == "snapshot-before-rename" and src.endswith(LS.PARTIAL_SUFFIX):
-            REACHED["snapshot-before-rename"] += 1
-            raise Crash("snapshot-before-rename")
-        super().replace(src, dst)
-
     def unlink(self, path: str) -> None:
         super().unlink(path)
         if self.armed == "after-unlink-before-rm":
             REACHED["after-unlink-before-rm"] += 1
             raise Crash("after-unlink-before-rm")
+
+    def replace(self, src: str, dst: str) -> None:
+        if self.armed == "snapshot-before-rename" and src.endswith(LS.PARTIAL_SUFFIX):
+            REACHED["snapshot-before-rename"] += 1
+            raise Crash("snapshot-before-rename")
+        recycling = dst.endswith(".tmp")  # a victim recycled (not the journal or a snapshot)
+        if recycling and self.armed == "before-recycle-rename":
+            REACHED["before-recycle-rename"] += 1
+            raise Crash("before-recycle-rename")
+        super().replace(src, dst)
+        if recycling and self.armed == "after-recycle-rename":
+            REACHED["after-recycle-rename"] += 1
+            raise Crash("after-recycle-rename")
 
 
 class Engine:
@@ -206,7 +222,7 @@ class Engine:
                                  adopt_budget=adopt, io=self.io, lease_s=lease_s,
                                  chunkings={NS: setup.chunking})  # as TierBudget builds it
         self.tier = TierBudget(str(root), str(root / NS), budget, EvictionRule.REACHABLE,
-                               setup.chunking, ledger=self.ledger)
+                               setup.chunking, ledger=self.ledger, recycle=True)
         COUNTERS.append(self.ledger.counters)
         self.alive = True
         self.reads: dict[str, str] = {}
@@ -240,17 +256,27 @@ def _data_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.kvp"))
 
 
-def _write_whole(path: str, keys: tuple[bytes, ...]) -> None:
+def _temp(path: str, tier: TierBudget | None) -> tuple[str, str]:
+    """The writer's temporary file and its ``open`` mode: the victim the ledger recycled for
+    ``path`` (overwritten in place, as the tier's writers do), or a new one."""
+    tmp = tier.take_recycled(path) if tier is not None else None
+    if tmp is not None and os.path.exists(tmp):
+        return tmp, "r+b"
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}-1-{os.urandom(4).hex()}.tmp"
-    with open(tmp, "wb") as f:
+    return f"{path}.{os.getpid()}-1-{os.urandom(4).hex()}.tmp", "wb"
+
+
+def _write_whole(path: str, keys: tuple[bytes, ...], tier: TierBudget | None = None) -> None:
+    tmp, mode = _temp(path, tier)
+    with open(tmp, mode) as f:
         f.write(b"\0" * (KEY_BYTES * len(keys)))
     os.replace(tmp, path)
 
 
-def _write_half_then_crash(path: str, keys: tuple[bytes, ...]) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(f"{path}.{os.getpid()}-1-{os.urandom(4).hex()}.tmp", "wb") as f:
+def _write_half_then_crash(path: str, keys: tuple[bytes, ...],
+                           tier: TierBudget | None = None) -> None:
+    tmp, mode = _temp(path, tier)
+    with open(tmp, mode) as f:
         f.write(b"\0" * (KEY_BYTES * len(keys) // 2))
     REACHED["mid-write"] += 1
     raise Crash("mid-write")
@@ -332,21 +358,27 @@ class LedgerMachine(RuleBasedStateMachine):
           fault=st.sampled_from([None, None, None, "after-add", "mid-write", "after-rename",
                                  "after-unlink-before-rm", "after-unlink-before-rm",
                                  "after-unlink-before-rm", "mid-append", "short-write",
-                                 "append-enospc", "done-enospc", "value-error"]))
-    def store(self, i: int, prompt: int, upto: int, fault: str | None) -> None:
+                                 "append-enospc", "done-enospc", "value-error",
+                                 "before-recycle-rename", "after-recycle-rename"]))
+    def store(self, i: int, prompt: int, upto: int, fault: str | None,
+              recycle: bool | None = None) -> None:
+        """``recycle``: by default two stores in three (a function of the drawn prompt and
+        length, so that the machine's derandomized draws stay those the real-geometry
+        runs were sized with)."""
         e = self._pick(i)
         if e is None:
             return
+        e.tier.recycle = (prompt + upto) % 3 != 0 if recycle is None else recycle
         chunks, positions = self.setup.prompt_chunks(prompt)
         files = chunks[:upto]
-        write: Any = _write_whole
+        write: Any = functools.partial(_write_whole, tier=e.tier)
         written: Any = None
         if fault == "after-add":
             def write(path: str, keys: tuple[bytes, ...]) -> None:
                 REACHED["after-add"] += 1
                 raise Crash("after-add")
         elif fault == "mid-write":
-            write = _write_half_then_crash
+            write = functools.partial(_write_half_then_crash, tier=e.tier)
         elif fault == "after-rename":
             def written(path: str, out: Any) -> None:
                 REACHED["after-rename"] += 1
@@ -573,7 +605,8 @@ def test_each_crash_point_under_the_machines_invariants(point: str) -> None:
             machine.store(i=prompt, prompt=prompt, upto=3, fault=None)
             machine.check_root()
         before = REACHED[point]
-        machine.store(i=0, prompt=7, upto=3, fault=point)
+        machine.store(i=0, prompt=7, upto=3, fault=point,
+                      recycle=point != "after-unlink-before-rm")
         machine.check_root()
         assert REACHED[point] > before, f"{point} was not reached"
         for prompt in (8, 9, 0):
@@ -617,6 +650,9 @@ def test_zz_the_machine_reached_every_crash_point(capsys: pytest.CaptureFixture[
         print("\nledger state machine, crash points reached: "
               + ", ".join(f"{p} {REACHED[p]}" for p in CRASH_POINTS))
     assert {p for p in CRASH_POINTS if REACHED[p] == 0} == set()
+    recycled = sum(c.as_dict()["files_recycled"] for c in COUNTERS)
+    evicted = sum(c.as_dict()["files_evicted"] for c in COUNTERS)
+    assert 0 < recycled < evicted, f"recycled {recycled} of {evicted} evicted files"
 
 
 # ---------------------------------------------------------------------------

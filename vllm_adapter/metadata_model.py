@@ -42,10 +42,13 @@ shares it through a journal under the root's lock (:mod:`vllm_adapter.disk.ledge
   release at ``close``: 9;
 * a store job that writes files (:data:`PACKED_STORE_JOB`; a job's files are reserved
   together and completed together): two ledger transactions, 18;
-* a file stored (:data:`PACKED_FILE`): the write's ledger poll (a ``stat``), a create, a
-  rename, and one unlink (a full budget in steady state evicts about a file per file
-  written; the eviction's record rides on the reserve's append): 4.  No directory call:
-  the create makes its ``packed/<2 hex>`` directory only when it finds it missing
+* a file stored (:data:`PACKED_FILE`): the write's ledger poll (a ``stat``), and, a full
+  budget in steady state evicting about a file per file written, the victim's rename onto
+  the new file's temporary name (the ledger recycles it:
+  :meth:`~vllm_adapter.disk.ledger.RootLedger.reserve`), its ``open``, and the rename into
+  place (the victim's ``rm`` rides on the reserve's appends): 4, where unlinking the victim
+  and creating the file would also be 4.  No directory call: a temporary file is created
+  in its ``packed/<2 hex>`` directory, and the directory made, only when missing
   (:func:`vllm_adapter.disk.chunk_file.write_atomically`; 256 directories a namespace,
   each made once, and the tier never removes one);
 * a file opened by a load (:data:`PACKED_LOAD`): its ``open`` (lookups answer from the
@@ -148,7 +151,7 @@ PER_CHUNK_STORE = Ops(created=1, renamed=1, makedirs=1, lookups=1)
 PER_CHUNK_LOAD = Ops(opened=1, lookups=1)
 PER_CHUNK_MISS_PROBE = Ops(lookups=1)
 LEDGER_TRANSACTION = Ops(opened=3, ledger_locks=5, ledger_appends=1)
-PACKED_FILE = Ops(created=1, renamed=1, lookups=1, unlinked=1)
+PACKED_FILE = Ops(opened=1, renamed=2, lookups=1)
 PACKED_STORE_JOB = LEDGER_TRANSACTION.times(2)
 PACKED_LOAD = Ops(opened=1)
 PACKED_LOAD_JOB = Ops(opened=1, ledger_appends=1)

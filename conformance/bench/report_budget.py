@@ -148,11 +148,14 @@ def _eviction_real(rows: list[Row]) -> list[str]:
                      " / ".join(f"{r['full_ms_per_store'].get(p, 0.0):.2f}" for p in _PHASES),
                      f"{r['full_ms_per_store'].get('unlink', 0.0):.2f}"
                      if "unlink" in r["full_ms_per_store"] else "-",
+                     f"{r['files_recycled']:,} / {r['files_evicted']:,}"
+                     if "files_recycled" in r else "-",
                      " / ".join(f"{r['empty_ms_per_store'].get(p, 0.0):.2f}" for p in _PHASES),
                      _ci(r["ratio"], r["ratio_ci"]) + confirm, _verdict(r)])
     table = render_table(("geometry", "section bytes", "sections per file", "files on root",
                           "files/s full / empty", "full ms/store (reserve / write / complete)",
-                          "of reserve: unlink ms", "empty ms/store", "full / empty", "verdict"),
+                          "of reserve: unlink or rename ms", "evicted files recycled",
+                          "empty ms/store", "full / empty", "verdict"),
                          body)
     r0 = rows[0]
     return ["### Disk budget: eviction overhead at real section sizes", "",

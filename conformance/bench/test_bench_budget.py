@@ -205,8 +205,9 @@ class Phases:
     write: list[float] = field(default_factory=list)
     complete: list[float] = field(default_factory=list)
     unlink: list[float] = field(default_factory=list)
-    """Of ``reserve``: the unlinks of the files the store evicted (the file system's cost
-    of freeing them: a mount with ``discard`` pays a synchronous discard per file)."""
+    """Of ``reserve``: the unlinks of the files the store evicted and the renames of those it
+    recycled (the file system's cost of freeing them: a mount with ``discard`` pays a
+    synchronous discard per file unlinked; a recycled file keeps its blocks)."""
 
     def medians_ms(self) -> dict[str, float]:
         return {name: statistics.median(getattr(self, name)) * 1e3
@@ -232,12 +233,13 @@ class Root:
         self.stores = 0
 
     def new_tier(self) -> TierBudget:
-        """What ``KvchunkFileTierManager.__init__`` builds (before its ``start``); the
-        ledger's unlinks are timed (:attr:`Phases.unlink`)."""
+        """What ``KvchunkFileTierManager.__init__`` builds (before its ``start``), recycling
+        victims as the tier does; the ledger's unlinks and renames are timed
+        (:attr:`Phases.unlink`)."""
         tier = TierBudget(self.root, self.namespace_dir, budget_for_files(self.budget_bytes),
-                          RULE, self.chunking)
+                          RULE, self.chunking, recycle=True)
         io = tier.ledger.io
-        unlink = io.unlink
+        unlink, replace = io.unlink, io.replace
         self._unlink_s = 0.0
 
         def timed_unlink(path: str) -> None:
@@ -247,7 +249,15 @@ class Root:
             finally:
                 self._unlink_s += time.perf_counter() - t
 
+        def timed_replace(src: str, dst: str) -> None:
+            t = time.perf_counter()
+            try:
+                replace(src, dst)
+            finally:
+                self._unlink_s += time.perf_counter() - t
+
         io.unlink = timed_unlink  # type: ignore[method-assign]
+        io.replace = timed_replace  # type: ignore[method-assign]
         return tier
 
     def on_disk(self) -> list[str]:
@@ -269,7 +279,8 @@ class Root:
         for path, keys in admitted:
             sections = PIO.store_packed_file(path, keys, payload,
                                              [i * self.section for i in range(len(keys))],
-                                             self.section, self.io)
+                                             self.section, self.io,
+                                             self.tier.take_recycled(path))
             self.index.add(path, sections)
             done.append((path, True))
         t2 = time.perf_counter()
@@ -672,6 +683,7 @@ def eviction_overhead(benchmark: Any, full: Root, full_batches: Batches, empty_j
         assert snap["disk_files"] == files_before and snap["disk_bytes"] <= full.budget_bytes, snap
         assert snap["files_evicted"] == full.stores and snap["stores_refused"] == 0, snap
         assert all(r.tier.snapshot()["files_evicted"] == 0 for r in empties)
+        recycled = snap["files_recycled"]
         full_s, empty_s = m.median(), m.median("empty")
         info: dict[str, Any] = dict(
             **about,
@@ -691,6 +703,7 @@ def eviction_overhead(benchmark: Any, full: Root, full_batches: Batches, empty_j
             full_s_median=full_s,
             empty_s_median=empty_s,
             full_ms_per_store=full.phases.medians_ms(),
+            files_recycled=recycled,
             empty_ms_per_store=empty_phases.medians_ms(),
             files_evicted=snap["files_evicted"],
             candidate_s=rounded(m.candidate),

@@ -445,7 +445,7 @@ def _doomed_engines(root: Path) -> None:
     hung: dict[str, str] = {}
     lock = threading.Lock()
 
-    def hang(path: str, io: CF.ChunkIO) -> None:
+    def hang(path: str, io: CF.ChunkIO, tmp: str | None) -> None:
         def write(fd: int) -> None:
             os.write(fd, bytes(4096))  # part of the file
             with lock:
@@ -458,15 +458,16 @@ def _doomed_engines(root: Path) -> None:
             while True:
                 time.sleep(60)
 
-        CF.write_atomically(path, io, write, direct=False)
+        CF.write_atomically(path, io, write, direct=False, tmp=tmp)  # tmp: a recycled victim
 
     def hang_chunks(paths: Sequence[str], key_ids: Sequence[bytes], view: memoryview,
-                    offsets: Sequence[int], size: int, io: CF.ChunkIO) -> None:
-        hang(paths[0], io)
+                    offsets: Sequence[int], size: int, io: CF.ChunkIO,
+                    tmps: Sequence[str | None] | None = None) -> None:
+        hang(paths[0], io, tmps[0] if tmps else None)
 
     def hang_packed(path: str, keys: Sequence[bytes], view: memoryview, offsets: Sequence[int],
-                    size: int, io: CF.ChunkIO) -> P.PackedHeader:
-        hang(path, io)
+                    size: int, io: CF.ChunkIO, tmp: str | None = None) -> P.PackedHeader:
+        hang(path, io, tmp)
         return P.PackedHeader(path, 0, 0, (), ())  # never reached: hang() does not return
 
     # this process only: every store of a tier writes part of its file, then hangs

@@ -22,14 +22,18 @@ the oldest bad file out first) and a packed tier's index snapshot (written only 
 fits in an eighth of the reserve: :mod:`vllm_adapter.disk.packed_snapshot`).
 
 **Bound.**  A file's bytes are reserved (journaled) before it is written, and a victim
-is unlinked before its removal is journaled, so at every step of the store protocol,
+is unlinked (or recycled: renamed onto a new file's temporary name, after that file's
+reservation) before its removal is journaled, so at every step of the store protocol,
 crashes included (``tests/test_ledger_state_machine.py`` crashes an engine at each), the
 bytes under the root stay within ``disk_bytes_to_use``.  **Reads are not pinned across
-engines**: an engine may evict a file another engine is reading; POSIX keeps the open
-file readable and frees its blocks at close, so the excess over the budget is at most
-the files of the loads in flight (per engine, ``n_read_threads`` files), for the time
-of those reads (``tests/test_disk_bounds.py``).  Pinning across engines would cost two
-journal appends under the lock per load.
+engines**: an engine may evict a file another engine is reading.  Unlinked, POSIX keeps
+the open file readable and frees its blocks at close, so the excess over the budget is
+at most the files of the loads in flight (per engine, ``n_read_threads`` files), for the
+time of those reads (``tests/test_disk_bounds.py``); recycled, its blocks are the new
+file's, and the reader's keys fail their checksums and are recomputed (never served
+wrong).  An engine never recycles a file one of its own loads is reading
+(:meth:`~vllm_adapter.disk.ledger.RootLedger.reading`).  Pinning across engines would
+cost two journal appends under the lock per load.
 
 **Eviction** is :mod:`reference.eviction`'s, through its public interface
 (:meth:`~reference.eviction.Disk.next_victim`): the least recently used unit of every

@@ -382,8 +382,33 @@ def _write_file(fd: int, payload: memoryview, key_id: bytes, io: ChunkIO) -> Non
     _pwrite_all(fd, memoryview(page), 0)
 
 
+def temp_path(path: str) -> str:
+    """A unique temporary name for ``path``, in its directory: ``<path>.<pid>-<thread>-<rand>.tmp``
+    (a dead writer's is swept: :func:`sweep_stale_temps`)."""
+    return f"{path}.{os.getpid()}-{threading.get_ident()}-{os.urandom(4).hex()}{TEMP_SUFFIX}"
+
+
+def open_temp(tmp: str, flags: int, recycled: bool) -> int:
+    """Open a writer's temporary file: ``tmp`` created (``flags``, with ``O_CREAT |
+    O_EXCL``), its directory made only when the create finds it missing; or, ``recycled``,
+    the evicted file the ledger renamed there, opened to be overwritten (created after all
+    if it is gone)."""
+    if recycled:
+        try:
+            return os.open(tmp, flags | os.O_WRONLY)
+        except FileNotFoundError:
+            pass
+    flags |= os.O_CREAT | os.O_EXCL | os.O_WRONLY
+    try:
+        return os.open(tmp, flags, 0o644)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(tmp), exist_ok=True)
+        return os.open(tmp, flags, 0o644)
+
+
 def write_atomically(
-    path: str, io: ChunkIO, write: Callable[[int], None], *, direct: bool = True
+    path: str, io: ChunkIO, write: Callable[[int], None], *, direct: bool = True,
+    tmp: str | None = None,
 ) -> None:
     """Write a whole file at ``path``: ``write(fd)`` fills a unique temporary file in the same
     directory (``O_DIRECT`` when the tier uses it and ``direct``), fsync-ed if the tier asks,
@@ -393,15 +418,14 @@ def write_atomically(
     The directory is made only when the create finds it missing (no ``os.makedirs``
     before every file, as vLLM's fs tier calls: on a shared file system each of its
     ``stat`` / ``mkdir`` calls is a round trip to the metadata server, and the tier never
-    removes a directory, so in steady state the create alone succeeds)."""
-    tmp = f"{path}.{os.getpid()}-{threading.get_ident()}-{os.urandom(4).hex()}{TEMP_SUFFIX}"
-    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | (O_DIRECT if io.o_direct and direct else 0)
+    removes a directory, so in steady state the create alone succeeds).  ``tmp``: an
+    evicted file the ledger renamed onto this file's temporary name
+    (:meth:`~vllm_adapter.disk.ledger.RootLedger.reserve`, ``recycle``), no larger than
+    this file: overwritten in place."""
+    recycled = tmp is not None
+    tmp = tmp or temp_path(path)
     try:
-        try:
-            fd = os.open(tmp, flags, 0o644)
-        except FileNotFoundError:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd = os.open(tmp, flags, 0o644)
+        fd = open_temp(tmp, O_DIRECT if io.o_direct and direct else 0, recycled)
         try:
             write(fd)
             if io.fsync:
@@ -415,10 +439,12 @@ def write_atomically(
         raise
 
 
-def store_chunk(path: str, payload: memoryview, key_id: bytes, io: ChunkIO) -> None:
+def store_chunk(path: str, payload: memoryview, key_id: bytes, io: ChunkIO,
+                tmp: str | None = None) -> None:
     """Write one chunk file atomically (replacing any file at ``path``: a freshly computed
-    chunk is never second to a file that may be damaged and was never read)."""
-    write_atomically(path, io, lambda fd: _write_file(fd, payload, key_id, io))
+    chunk is never second to a file that may be damaged and was never read); ``tmp``: a
+    recycled victim (:func:`write_atomically`)."""
+    write_atomically(path, io, lambda fd: _write_file(fd, payload, key_id, io), tmp=tmp)
 
 
 def sweep_stale_temps(root: str, older_than: float = STALE_TEMP_SECONDS) -> int:
@@ -568,10 +594,13 @@ def batch_store_chunks(
     offsets: Sequence[int],
     size: int,
     io: ChunkIO,
+    tmps: Sequence[str | None] | None = None,
 ) -> None:
-    """Store a job's chunks (region rows at ``offsets``); raises on the first error."""
-    for path, kid, payload in zip(paths, key_ids, slices(view, offsets, size), strict=True):
-        store_chunk(path, payload, kid, io)
+    """Store a job's chunks (region rows at ``offsets``); raises on the first error.
+    ``tmps``: per file, a recycled victim to overwrite (:func:`write_atomically`)."""
+    for i, (path, kid, payload) in enumerate(zip(paths, key_ids, slices(view, offsets, size),
+                                                 strict=True)):
+        store_chunk(path, payload, kid, io, tmps[i] if tmps else None)
         io.counters.add(files_stored=1)
 
 

@@ -25,9 +25,11 @@ class TierFileIO:
     :mod:`~vllm_adapter.disk.packed_io`'s functions, unchanged."""
 
     def store_chunks(self, paths: Sequence[str], key_ids: Sequence[bytes], view: memoryview,
-                     offsets: Sequence[int], size: int, io: C.ChunkIO) -> None:
-        """Per-chunk layout: one chunk file per key (:func:`~.chunk_file.batch_store_chunks`)."""
-        C.batch_store_chunks(list(paths), list(key_ids), view, list(offsets), size, io)
+                     offsets: Sequence[int], size: int, io: C.ChunkIO,
+                     tmps: Sequence[str | None] | None = None) -> None:
+        """Per-chunk layout: one chunk file per key (:func:`~.chunk_file.batch_store_chunks`;
+        ``tmps``: recycled victims to overwrite)."""
+        C.batch_store_chunks(list(paths), list(key_ids), view, list(offsets), size, io, tmps)
 
     def load_chunks(self, paths: Sequence[str], key_ids: Sequence[bytes], view: memoryview,
                     offsets: Sequence[int], size: int, io: C.ChunkIO) -> None:
@@ -35,16 +37,19 @@ class TierFileIO:
         C.batch_load_chunks(list(paths), list(key_ids), view, list(offsets), size, io)
 
     def store_packed(self, path: str, keys: Sequence[bytes], view: memoryview,
-                     offsets: Sequence[int], size: int, io: C.ChunkIO) -> P.PackedHeader:
+                     offsets: Sequence[int], size: int, io: C.ChunkIO,
+                     tmp: str | None = None) -> P.PackedHeader:
         """Packed layout: one file of a store job's keys (its full-attention keys, or its window
         keys); its header as written (the
-        sections and the file's identity, for the index)."""
-        return PIO.store_packed_file(path, keys, view, offsets, size, io)
+        sections and the file's identity, for the index); ``tmp``: a recycled victim to
+        overwrite."""
+        return PIO.store_packed_file(path, keys, view, offsets, size, io, tmp)
 
-    def open_packed(self, path: str, plan: P.PackedPlan, io: C.ChunkIO) -> P.PackedTemp:
+    def open_packed(self, path: str, plan: P.PackedPlan, io: C.ChunkIO,
+                    tmp: str | None = None) -> P.PackedTemp:
         """Packed layout, a store in parts: ``path``'s temporary file, sized to ``plan``
-        (:func:`~.packed_file.open_packed_temp`)."""
-        return P.open_packed_temp(path, plan, io)
+        (:func:`~.packed_file.open_packed_temp`; ``tmp``: a recycled victim)."""
+        return P.open_packed_temp(path, plan, io, tmp)
 
     def store_packed_part(self, temp: P.PackedTemp, plan: P.PackedPlan, first: int,
                           view: memoryview, offsets: Sequence[int], size: int,

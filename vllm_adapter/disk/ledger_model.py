@@ -59,6 +59,8 @@ class BudgetCounters(Counters):
     stale, damaged: :attr:`LedgerModel.snapshot_start` says why)."""
     snapshots_written: int = 0
     """Ledger snapshots this tier wrote (at a compaction, at shutdown)."""
+    files_recycled: int = 0
+    """Victims that became a new file's temporary file (of ``files_evicted``)."""
 
     def as_dict(self) -> dict[str, int]:
         with self._lock:

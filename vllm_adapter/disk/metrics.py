@@ -110,6 +110,10 @@ BUDGET_COUNTERS: dict[str, str] = {
         "ledger's snapshot was missing, stale or damaged."
     ),
     "snapshots_written": "Ledger snapshots this kvchunk file tier wrote (compaction, shutdown).",
+    "files_recycled": (
+        "Evicted files this kvchunk file tier overwrote as a new file's temporary file "
+        "(counted in files_evicted)."
+    ),
 }
 """Counters from :meth:`~vllm_adapter.disk.tier_budget.TierBudget.snapshot` (this tier's)."""
 

@@ -96,12 +96,13 @@ from reference.packed import (
 from vllm_adapter.disk.chunk_file import (
     CHECKSUMS,
     O_DIRECT,
-    TEMP_SUFFIX,
     ChunkFileError,
     ChunkIO,
     digest,
     discard_bad_file,
+    open_temp,
     payload_digest,
+    temp_path,
     write_atomically,
 )
 
@@ -467,14 +468,16 @@ def _pad(n: int) -> memoryview:
 
 
 def store_packed(
-    path: str, keys: Sequence[bytes], payloads: Sequence[memoryview], io: ChunkIO
+    path: str, keys: Sequence[bytes], payloads: Sequence[memoryview], io: ChunkIO,
+    tmp: str | None = None,
 ) -> PackedHeader:
     """Write one packed file atomically: ``keys[i]``'s section holds ``payloads[i]``.
 
     Returns its header as written: the sections (what the tier's index records) and
     the file's :class:`FileIdentity` (``fstat``-ed once every byte is written; the
     rename keeps device, inode, size and mtime).  Any failure removes the temporary
-    file and raises.
+    file and raises.  ``tmp``: a recycled victim to overwrite
+    (:func:`~vllm_adapter.disk.chunk_file.write_atomically`).
     """
     sums = [payload_digest(io.checksum, p) for p in payloads]
     lengths = [len(p) for p in payloads]
@@ -492,7 +495,7 @@ def store_packed(
         _writev_all(fd, buffers)
         written.append(os.fstat(fd))
 
-    write_atomically(path, io, write, direct=padded)
+    write_atomically(path, io, write, direct=padded, tmp=tmp)
     return _written_header(path, head, keys, lengths, sums, written[-1])
 
 
@@ -553,15 +556,15 @@ class PackedTemp:
             os.remove(self.tmp)
 
 
-def open_packed_temp(path: str, plan: PackedPlan, io: ChunkIO) -> PackedTemp:
+def open_packed_temp(path: str, plan: PackedPlan, io: ChunkIO,
+                     tmp: str | None = None) -> PackedTemp:
     """Create ``path``'s temporary file (named as :func:`write_atomically` names them, so a
     dead writer's is swept), sized to the whole file (``ftruncate``: the parts may be
-    written in any order)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}-{threading.get_ident()}-{os.urandom(4).hex()}{TEMP_SUFFIX}"
-    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | (O_DIRECT if io.o_direct and plan.direct
-                                                    else 0)
-    fd = os.open(tmp, flags, 0o644)
+    written in any order); ``tmp``: a recycled victim, opened instead (no larger than the
+    file: the ``ftruncate`` extends it)."""
+    recycled = tmp is not None
+    tmp = tmp or temp_path(path)
+    fd = open_temp(tmp, O_DIRECT if io.o_direct and plan.direct else 0, recycled)
     try:
         os.ftruncate(fd, plan.file_bytes)
     except BaseException:

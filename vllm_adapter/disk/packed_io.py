@@ -355,12 +355,12 @@ class PackedIndex:
 
 def store_packed_file(
     path: str, keys: Sequence[bytes], view: memoryview, offsets: Sequence[int], size: int,
-    io: ChunkIO,
+    io: ChunkIO, tmp: str | None = None,
 ) -> P.PackedHeader:
     """One packed file of a store job's keys (one of its
     :func:`reference.packed.store_job_files`; region rows at ``offsets``); its header as
     written (sections and identity: what :meth:`PackedIndex.add` takes)."""
-    header = P.store_packed(path, keys, slices(view, offsets, size), io)
+    header = P.store_packed(path, keys, slices(view, offsets, size), io, tmp)
     io.counters.add(files_stored=1, sections_stored=len(header.sections))
     io.counters.per_group("sections_stored_per_group", [s.group for s in header.sections])
     return header

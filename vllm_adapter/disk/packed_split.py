@@ -99,20 +99,22 @@ class SplitStore:
     ``reserve()``: the job's admitted files ``(path, keys)`` (raises when refused);
     ``complete(results)``: the ledger's completion of ``(path, ok)`` for each admitted file;
     ``written(path, header)``: a file renamed into place (the index), before completion;
-    ``failed(error)``: the store failed (counted once)."""
+    ``failed(error)``: the store failed (counted once); ``recycled(path)``: the temporary
+    file a recycled victim became for ``path`` (None: create one)."""
 
     def __init__(
         self, n: int, *, reserve: Callable[[], Sequence[tuple[str, tuple[bytes, ...]]]],
         complete: Callable[[list[tuple[str, bool]]], Any],
         written: Callable[[str, P.PackedHeader], None], failed: Callable[[BaseException], None],
         file_io: TierFileIO, io: ChunkIO, view: memoryview, offset_of: dict[bytes, int],
-        size: int,
+        size: int, recycled: Callable[[str], str | None] = lambda path: None,
     ) -> None:
         self._n = n
         self._reserve, self._complete = reserve, complete
         self._written, self._failed = written, failed
         self._file_io, self._io, self._view = file_io, io, view
         self._offset_of, self._size = offset_of, size
+        self._recycled = recycled
         self._lock = threading.Lock()
         self._began = False
         self._reserved = False
@@ -137,7 +139,8 @@ class SplitStore:
             self._files.append(_File(path, plan, [b""] * len(keys)))
         for f in self._files:
             try:
-                f.temp = self._file_io.open_packed(f.path, f.plan, self._io)
+                f.temp = self._file_io.open_packed(f.path, f.plan, self._io,
+                                                   self._recycled(f.path))
             except Exception as exc:
                 f.error = exc
         self._parts = split_parts([f.plan.lengths for f in self._files], self._n)

@@ -279,8 +279,10 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
                                          full_groups=len(chunking.full_groups)))
         self.budget = TierBudget(root_dir, self.namespace_dir, budget,
                                  DB.parse_eviction(eviction, where_of(None)), chunking,
-                                 adopt_budget=adopt_recorded_budget)
-        """The root's byte budget, shared with every engine writing under ``root_dir``."""
+                                 adopt_budget=adopt_recorded_budget, recycle=True)
+        """The root's byte budget, shared with every engine writing under ``root_dir``; an
+        evicted file no larger than a new one is overwritten as its temporary file
+        (:mod:`vllm_adapter.disk.ledger`'s docstring)."""
         self.io = dataclasses.replace(self.io, quarantine_bytes=self.budget.ledger.ledger_bytes // 4)
         """The quarantine holds a quarter of the ledger's reserve, inside the budget."""
         self._stats = TierStats()
@@ -503,7 +505,8 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         def write(path: str, keys_: tuple[bytes, ...]) -> None:
             _, kid, off = row[keys_[0]]
             self.file_io.store_chunks([path], [kid], self._primary_kv_view, [off],
-                                      self._block_size, self.io)
+                                      self._block_size, self.io,
+                                      [self.budget.take_recycled(path)])
 
         def store_task() -> None:
             self._store([[bytes(k)] for k in keys], lambda ks: row[bytes(ks[0])][0], write,
@@ -541,7 +544,7 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
             self._follow_ledger(force=True)  # the files this store evicted leave the index
             return self.file_io.store_packed(
                 path, new_keys, self._primary_kv_view, [offset_of[k] for k in new_keys],
-                self._block_size, self.io,
+                self._block_size, self.io, self.budget.take_recycled(path),
             )
 
         # Its full-attention keys in one file, its window keys in another (a job with one
@@ -569,7 +572,7 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
                 n, reserve=reserve, complete=complete, written=self.index.add,
                 failed=lambda _: self.counters.add(store_failures=1), file_io=self.file_io,
                 io=self.io, view=self._primary_kv_view, offset_of=offset_of,
-                size=self._block_size,
+                size=self._block_size, recycled=self.budget.take_recycled,
             ).tasks
 
         def store_task() -> None:
@@ -615,7 +618,8 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         def load_task() -> None:
             rids = self.budget.rids(files)  # what this load reads; later records touch only it
             try:
-                load()
+                with self.budget.reading(files):  # none of them is recycled meanwhile
+                    load()
             except OSError as exc:
                 # Written before the pool publishes the job (as vLLM's tier does).
                 self._load_progress[job_id] = int(getattr(exc, "num_succeeded", 0))

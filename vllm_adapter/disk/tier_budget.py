@@ -47,7 +47,7 @@ class TierBudget:
 
     def __init__(self, root: str, namespace_dir: str, budget: int, rule: EvictionRule,
                  chunking: Chunking, *, adopt_budget: bool = False,
-                 ledger: RootLedger | None = None) -> None:
+                 ledger: RootLedger | None = None, recycle: bool = False) -> None:
         self.root = root
         self._root_prefix = root.rstrip("/") + "/"
         self.ns = os.path.relpath(namespace_dir, root)
@@ -60,6 +60,9 @@ class TierBudget:
                                            adopt_budget=adopt_budget,
                                            chunkings={self.ns: chunking})
         self.ledger.set_chunking(self.ns, chunking)
+        self.recycle = recycle
+        """A victim no larger than a new file becomes its temporary file
+        (:meth:`RootLedger.reserve`); the writer takes it with :meth:`take_recycled`."""
         self._last_poll = 0.0
         self._poll_lock = threading.Lock()
         self._totals: dict[str, int] = {}
@@ -96,8 +99,19 @@ class TierBudget:
         out = self.ledger.reserve(self.ns, files, lambda keys: self._rel(name_of(keys)), size_of,
                                   positions,
                                   None if servable is None
-                                  else lambda key, rel: servable(key, self._abs(rel)))
+                                  else lambda key, rel: servable(key, self._abs(rel)),
+                                  recycle=self.recycle)
         return None if out is None else [(self._abs(p), keys) for p, keys in out]
+
+    def take_recycled(self, path: str) -> str | None:
+        """The temporary file a recycled victim became for the pending file ``path``
+        (absolute paths), or None: create one."""
+        return self.ledger.take_recycled(self._rel(path))
+
+    def reading(self, paths: Iterable[str]) -> Any:
+        """A context in which a load of this engine reads ``paths`` (absolute): none is
+        recycled meanwhile."""
+        return self.ledger.reading(self._rel(p) for p in paths)
 
     def complete(self, results: Sequence[tuple[str, bool]]) -> list[str]:
         gone = self.ledger.complete([(self._rel(p), ok) for p, ok in results])
