@@ -64,9 +64,10 @@ def drawn(seed: int) -> Workload:
 
 
 def curve(workload: Workload, slots: int, rule: EvictionRule,
-          sizes: Sequence[int] | int = POINTS) -> tuple[TieredEconomics, ...]:
+          sizes: Sequence[int] | int = POINTS, policy: Policy = POLICY,
+          ) -> tuple[TieredEconomics, ...]:
     return tiered_miss_ratio_curve(CHUNKING, workload, sizes, slots, rule, KEY_BYTES,
-                                   Layout.PACKED, POLICY)
+                                   Layout.PACKED, policy)
 
 
 def keys_of(workload: Workload) -> int:
@@ -238,11 +239,16 @@ TRAILS_LRU_BEHIND_THE_CPU_TIER = (
     "window files a hit has read; Overflow.HEAD with each head sized with itself pending; a "
     "store leaving out the window keys of a boundary it passes itself) leave these two points "
     "unchanged (2 of 288 behind, 0 stranded); the issue's repair from the CPU tier's copy of "
-    "a head is not tried yet"
+    "a head is not tried yet.  On 0.33.0's rules only drawn(1) trails (12.8 % vs 22.4 % with 18 "
+    "slots)"
 )
+RULES_OF = {"intended": POLICY, "0.33.0": RELEASES["0.33.0"].policy}
+"""The draws' curves with the CPU tier in front under ``Policy()`` and under vLLM 0.33.0's
+rules (no offload-side junction, among others), which ``Policy()`` does not run."""
 
 
-def test_the_rule_strands_nothing_behind_the_cpu_tier() -> None:
+@pytest.mark.parametrize("rules", RULES_OF)
+def test_the_rule_strands_nothing_behind_the_cpu_tier(rules: str) -> None:
     """Stranded keeps its strict meaning (unreachable from the disk alone): under the rule
     it is 0 at every disk size, whatever the CPU tier in front holds.  (It stranded before
     the curve called :meth:`BudgetedIndex.idle`: drawn(2) with 13 CPU slots, a window key
@@ -253,14 +259,16 @@ def test_the_rule_strands_nothing_behind_the_cpu_tier() -> None:
         w = drawn(seed)
         for frac in FRACTIONS:
             slots = max(2, keys_of(w) // frac)
-            stranded = [e.stranded_bytes for e in curve(w, slots, EvictionRule.REACHABLE, 8)]
+            stranded = [e.stranded_bytes for e in curve(w, slots, EvictionRule.REACHABLE, 8,
+                                                        RULES_OF[rules])]
             if any(stranded):
                 found.append(f"drawn({seed}), {slots} CPU slots: stranded {stranded}")
     assert not found, "\n".join(found)
 
 
 @pytest.mark.xfail(strict=True, reason=TRAILS_LRU_BEHIND_THE_CPU_TIER)
-def test_the_rule_is_at_least_lru_behind_the_cpu_tier() -> None:
+@pytest.mark.parametrize("rules", RULES_OF)
+def test_the_rule_is_at_least_lru_behind_the_cpu_tier(rules: str) -> None:
     """At every disk size of the curve, the rule's hit rate is at least LRU's, within half
     a point, with the CPU tier in front."""
     found = []
@@ -268,8 +276,9 @@ def test_the_rule_is_at_least_lru_behind_the_cpu_tier() -> None:
         w = drawn(seed)
         for frac in FRACTIONS:
             slots = max(2, keys_of(w) // frac)
-            rule = curve(w, slots, EvictionRule.REACHABLE, 8)
-            lru = curve(w, slots, EvictionRule.LRU, [e.budget_bytes or 0 for e in rule])
+            policy = RULES_OF[rules]
+            rule = curve(w, slots, EvictionRule.REACHABLE, 8, policy)
+            lru = curve(w, slots, EvictionRule.LRU, [e.budget_bytes or 0 for e in rule], policy)
             behind = [f"{e.budget_bytes} bytes: {e.hit_rate:.1%} vs {lr.hit_rate:.1%}"
                       for e, lr in zip(rule, lru, strict=True) if e.hit_rate < lr.hit_rate - 0.005]
             if behind:
