@@ -457,3 +457,36 @@ def test_the_split_path_reads_with_the_same_runs_the_rule_names(tmp_path: Path) 
                     run = []
                 run.append(p)
     assert Counter((off, n) for _, off, n in tier.file_io.reads) == want
+
+
+def test_the_budgeted_disk_counts_a_split_load_s_opens_by_the_rule() -> None:
+    """:class:`reference.disk_economics.BudgetedIndex` (the eviction lane's model): a load
+    job of one store job's keys (a full-attention file and a window file, 4 MiB sections)
+    counts one file read per file unsplit and the rule's opens when split."""
+    from reference.disk_economics import BudgetedIndex
+    from reference.geometry import Geometry, GroupKind, KVGroup
+    from reference.keys import group_keys, prefix_block_hashes
+    from reference.knobs import BlocksPerChunk, resolve
+
+    groups = (KVGroup(0, GroupKind.FULL, 16),
+              KVGroup(1, GroupKind.SLIDING_WINDOW, 16, sliding_window=24))
+    chunking = resolve(Geometry(groups, tokens_per_hash=16), BlocksPerChunk(2))
+    chain = prefix_block_hashes(list(range(32 * 7)), chunking.tokens_per_hash)
+    keys = [k for gc in chunking.groups for k in group_keys(chain, gc)]
+
+    def files_read(split: RS.LoadSplit | None) -> tuple[int, list[tuple[int, int, int]]]:
+        index = BudgetedIndex(chunking, 4 * MIB, 1 << 40, load_split=split)
+        index.observe(chain)
+        plan = index.prepare_store(keys)
+        assert plan is not None
+        index.complete_store(keys)
+        stored = [k for k in keys if k in index.disk.file_of]
+        index.prepare_load(stored)
+        return index.files_read, [(index.disk.file_of[k], index._position[k], 4 * MIB)
+                                  for k in stored]
+
+    one, wanted = files_read(None)
+    assert one == len({f for f, _, _ in wanted}) == 2
+    split = RS.LoadSplit(threads=4)
+    opens, _ = RS.load_counts(RS.load_slices(wanted, split))
+    assert files_read(split)[0] == opens > one
