@@ -26,6 +26,7 @@ from reference.eviction import Disk, EvictionRule, Layout, Overflow, prefix_clos
 from reference.keys import split_key
 from reference.knobs import Chunking
 from reference.packed import store_job_files
+from reference.packed_split import LoadSplit, load_counts, load_slices
 from reference.plan import Planner, Policy
 from reference.prefix_structure import PrefixStructure
 from reference.rules import WindowRule
@@ -72,6 +73,7 @@ class BudgetedIndex:
         overflow: Overflow = Overflow.REFUSE,
         window_siblings: bool = False,
         windows_apart: bool = True,
+        load_split: LoadSplit | None = None,
     ) -> None:
         """``admission``: leave out the keys that would arrive stranded (None: under the
         rule only, as the rule states); ``overflow``: what a store that does not fit after
@@ -81,7 +83,9 @@ class BudgetedIndex:
         keys to a file of their own, its full-attention keys to another
         (:func:`reference.packed.store_job_files`: the tier's layout, the default); False:
         one file per store job, the layout before issue #31 (an ablation of
-        ``scripts/disk_ablation.py``; ``docs/semantics.md`` §10)."""
+        ``scripts/disk_ablation.py``; ``docs/semantics.md`` §10); ``load_split``: how the
+        tier splits a load job across its pool (:func:`reference.packed_split.load_slices`:
+        :attr:`files_read` counts one open per file per slice; None: one per file per job)."""
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
             raise ValueError(f"budget_bytes must be an int >= 0, got {budget_bytes!r}")
         self.key_bytes = (
@@ -103,6 +107,10 @@ class BudgetedIndex:
         self.files_written = 0
         self.files_evicted = 0
         self.files_read = 0
+        """File opens by loads: per load job, each file it reads (per slice of a split job)."""
+        self.load_split = load_split
+        self._position: dict[bytes, int] = {}
+        """Each stored key's section position in its file (as written)."""
         self.stores_refused = 0
         """Stores refused whole (nothing evictable made room)."""
         self.keys_dropped = 0
@@ -181,7 +189,10 @@ class BudgetedIndex:
 
     def _add(self, keys: Sequence[bytes]) -> list[int]:
         """Pending files for ``keys`` (never evicted until their store completes)."""
-        return [self.disk.add(f, self._size(f)) for f in self._files(keys)]
+        files = self._files(keys)
+        for f in files:  # a section's place in its file, kept when other keys leave it
+            self._position.update((k, i) for i, k in enumerate(f))
+        return [self.disk.add(f, self._size(f)) for f in files]
 
     def _head(self, keys: Sequence[bytes]) -> tuple[bytes, ...]:
         """:func:`~reference.eviction.prefix_closed_head` of a store that does not fit: the
@@ -261,8 +272,14 @@ class BudgetedIndex:
                 raise ValueError(f"prepare_load: a key of file {fid} is still being stored")
             f.pins += 1
             self.disk.touch(fid)
-        self.files_read += len(fids)
+        self.files_read += self._opens(keys) if self.load_split is not None else len(fids)
         return None
+
+    def _opens(self, keys: Sequence[bytes]) -> int:
+        """The file opens of a load job of ``keys`` split by :attr:`load_split`."""
+        wanted = [(self.disk.file_of[k], self._position[k], self.key_bytes[split_key(k)[1]])
+                  for k in dict.fromkeys(keys)]
+        return load_counts(load_slices(wanted, self.load_split))[0]
 
     def complete_load(self, keys: Sequence[bytes]) -> None:
         for fid in dict.fromkeys(self.disk.file_of[k] for k in keys):

@@ -66,6 +66,7 @@ from reference.layout_economics import (
     PER_CHUNK,
     LayoutEconomics,
     LayoutTally,
+    PackedLoads,
     Sections,
     _PackedFiles,
     layout_economics,
@@ -283,6 +284,7 @@ class Engine:
         index: ChunkIndex | None = None,
         *,
         pin_junctions: bool = True,
+        packed_loads: PackedLoads | None = None,
     ) -> None:
         self.chunking = chunking
         self.policy = policy
@@ -304,10 +306,11 @@ class Engine:
         self.tally = Tally()
         self.loaded: set[bytes] = set()
         """Keys loaded in this pass (see ``Tally.read_once``)."""
-        self.packed = _PackedFiles()
+        self.packed = _PackedFiles(packed_loads)
         """The packed tier's files: one or two per store job (kept across passes, like the
-        files)."""
-        self.packed_per_request = _PackedFiles()
+        files); ``packed_loads``: how its load jobs are split across the pool (None: one
+        task each)."""
+        self.packed_per_request = _PackedFiles(packed_loads)
         """One file per request (kept across passes)."""
         self._request_keys: list[bytes] = []
         """Keys stored by the request being served (its per-request file)."""
@@ -540,15 +543,17 @@ def serve(
     *,
     gpu_cache: GpuCache = GpuCache.COLD,
     budget: int = 8192,
+    packed_loads: PackedLoads | None = None,
 ) -> list[Tally]:
     """Serve ``passes`` of requests one after another over one index; a tally per pass.
 
     The GPU prefix cache is as ``gpu_cache`` says within a pass and empty at the
-    start of each (the conformance check resets it between passes).
+    start of each (the conformance check resets it between passes).  ``packed_loads``:
+    how the packed tier splits its load jobs (its opens and reads; None: one task each).
     """
     return _serve_hashed(
         chunking, [hashed(batch, chunking.tokens_per_hash) for batch in passes], policy,
-        gpu_cache, budget,
+        gpu_cache, budget, packed_loads,
     )
 
 
@@ -558,8 +563,9 @@ def _serve_hashed(
     policy: Policy,
     gpu_cache: GpuCache,
     budget: int,
+    packed_loads: PackedLoads | None = None,
 ) -> list[Tally]:
-    engine = Engine(chunking, policy, budget)
+    engine = Engine(chunking, policy, budget, packed_loads=packed_loads)
     engine.gpu_cache = gpu_cache
     tallies = []
     for batch in passes:

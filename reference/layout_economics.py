@@ -6,7 +6,9 @@ job, its full-attention keys in one and its window keys in the other
 no new key is not written), counted from the Planner's own store and load jobs
 (:class:`reference.economics.Engine` feeds them to :class:`_PackedFiles`): files and sections written; per load job, the files it
 opens (distinct files among its keys), the sections it reads and its reads (maximal
-runs of adjacent sections of one file).  The same counts for one file per *request*
+runs of adjacent sections of one file); a load job large enough to split across the tier's
+pool (:class:`PackedLoads`) opens a file once per slice that touches it and reads each
+run within a slice (:func:`reference.packed_split.load_slices`, the tier's rule).  The same counts for one file per *request*
 (:data:`PACKED_PER_REQUEST`, all its stored keys) are kept as the alternative unit.
 Today's layout, one file per key (:data:`PER_CHUNK`), is stated in the same terms
 (:class:`LayoutEconomics`) from the per-group counts
@@ -24,7 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from reference.keys import split_key
-from reference.packed import header_bytes, packed_file_bytes, page_round, read_runs
+from reference.packed import header_bytes, packed_file_bytes, page_round
+from reference.packed_split import LoadSplit, load_counts, load_slices
 
 __all__ = [
     "PACKED",
@@ -33,6 +36,7 @@ __all__ = [
     "LayoutEconomics",
     "LayoutTally",
     "Open",
+    "PackedLoads",
     "Sections",
     "layout_economics",
 ]
@@ -55,8 +59,10 @@ class LayoutEconomics:
 
     A *file* is what the tier creates (per chunk: one key; packed: one store job's
     full-attention keys, or its window keys); an *open* is a file a load job reads from (per load job, the distinct
-    files among its keys); a *read* is one maximal run of adjacent sections of one
-    file that a load job asks for (:func:`reference.packed.read_runs`).  ``*_once``:
+    files among its keys; per slice of a load job split across the pool,
+    :func:`reference.packed_split.load_slices`); a *read* is one maximal run of adjacent
+    sections of one file that a load job (or a slice of one) asks for
+    (:func:`reference.packed.read_runs`).  ``*_once``:
     only keys not loaded before in the pass (a CPU tier that keeps what it
     promoted); the others count every load.  Bytes need the section (CPU-tier row)
     size per group: :meth:`written_sizes`, :meth:`opened_sizes`.
@@ -154,13 +160,24 @@ class LayoutTally:
     """Store jobs that wrote at least one file."""
 
 
+@dataclass(frozen=True)
+class PackedLoads:
+    """How a packed tier splits its load jobs (:func:`reference.packed_split.load_slices`):
+    its split rule and each group's section (CPU-tier row) bytes."""
+
+    split: LoadSplit
+    section_bytes: Mapping[int, int]
+
+
 class _PackedFiles:
     """Where each stored key lives in a packed layout: key -> (file, section position).
 
     Kept across passes (the files stay on disk); the counts go to a :class:`LayoutTally`.
+    ``loads``: how load jobs are split (None: every load job is one task).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, loads: PackedLoads | None = None) -> None:
+        self.loads = loads
         self.at: dict[bytes, tuple[int, int]] = {}
         self.sections: list[Sections] = []
         """Each file's sections (file id = its place here)."""
@@ -183,16 +200,22 @@ class _PackedFiles:
         tally.reads_once += self._opens(list(once), tally.opened_once)
 
     def _opens(self, keys: Sequence[bytes], opened: Counter[Open]) -> int:
-        """Count one open per file among ``keys``; return the reads (runs of adjacent sections)."""
-        by_file: dict[int, list[tuple[int, bytes]]] = {}
+        """Count the opens of one load job of ``keys`` (one per file per slice that touches
+        it, :func:`reference.packed_split.load_slices`); return its reads (runs of adjacent
+        sections within a slice)."""
+        wanted: dict[bytes, tuple[int, int, int]] = {}
+        sizes = {} if self.loads is None else self.loads.section_bytes
         for key in keys:
             if key not in self.at:
                 raise ValueError(f"load of a key no packed file holds: {key.hex()}")
             file_id, position = self.at[key]
-            by_file.setdefault(file_id, []).append((position, key))
-        for file_id, sections in by_file.items():
-            opened[(_sections(k for _, k in sections), self.sections[file_id])] += 1
-        return sum(read_runs(p for p, _ in sections) for sections in by_file.values())
+            wanted[key] = (file_id, position, sizes.get(split_key(key)[1], 0))
+        key_at = {(f, p): k for k, (f, p, _) in wanted.items()}
+        slices = load_slices(wanted.values(), None if self.loads is None else self.loads.split)
+        for part in slices:
+            for f, positions in part:
+                opened[(_sections(key_at[(f, p)] for p in positions), self.sections[f])] += 1
+        return load_counts(slices)[1]
 
 
 def _sections(keys: Iterable[bytes]) -> Sections:

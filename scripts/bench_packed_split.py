@@ -4,8 +4,10 @@ Issue #30 item 1 (queue depth inside a job): the store of one job's file as the 
 one-task path writes it (:func:`vllm_adapter.disk.packed_file.store_packed`), and split
 into ``n`` sub-tasks on ``n`` threads (:class:`vllm_adapter.disk.packed_split.SplitStore`,
 over a real root ledger); the load of the job's keys as one task
-(:func:`vllm_adapter.disk.packed_io.load_packed_files`) and as ``n`` slices of the keys on
-``n`` threads.  ``--profile`` prints where a one-task store's time goes (hashing, system
+(:func:`vllm_adapter.disk.packed_io.load_packed_files`) and split into ``n`` sub-tasks on
+``n`` threads as the tier splits it (:class:`vllm_adapter.disk.packed_split.SplitLoad`: the
+slices of :func:`reference.packed_split.load_slices` with ``n`` threads, each opening the
+file and reading its run of sections, every section verified).  ``--profile`` prints where a one-task store's time goes (hashing, system
 calls, the rest).  Usage::
 
     python scripts/bench_packed_split.py --dir /tmp/bench --sections 32 --row-kib 2048 \\
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import functools
 import io as _io
 import mmap
 import os
@@ -31,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from reference import packed as RP  # noqa: E402
+from reference import packed_split as RS  # noqa: E402
 from reference.eviction import EvictionRule  # noqa: E402
 from reference.geometry import Geometry, GroupKind, KVGroup  # noqa: E402
 from reference.knobs import BlocksPerChunk, resolve  # noqa: E402
@@ -38,7 +40,7 @@ from vllm_adapter.disk import chunk_file as C  # noqa: E402
 from vllm_adapter.disk import packed_file as P  # noqa: E402
 from vllm_adapter.disk import packed_io as PIO  # noqa: E402
 from vllm_adapter.disk.fileio import TierFileIO  # noqa: E402
-from vllm_adapter.disk.packed_split import SplitStore  # noqa: E402
+from vllm_adapter.disk.packed_split import SplitLoad, SplitStore, load_job_slices  # noqa: E402
 from vllm_adapter.disk.tier_budget import TierBudget, reserve_files  # noqa: E402
 
 NS = bytes(range(16))
@@ -86,16 +88,21 @@ def one_job(root: Path, n: int, rep: int, view: memoryview, row: int, n_keys: in
     store_s = time.perf_counter() - begun
     dest = mmap.mmap(-1, n_keys * row)
     dview = memoryview(dest)
-    step = -(-n_keys // n)
+    if n > 1:  # as the tier's _split_load_tasks: the plan, the rule's slices, one task each
+        begun = time.perf_counter()
+        plan = PIO.LoadPlan.of(index, keys)
+        assert plan is not None
+        slices = load_job_slices(plan, keys, RS.LoadSplit(threads=n))
+        assert len(slices) == n, f"{len(slices)} slices, not {n}: the job is too small"
 
-    def load(a: int) -> None:
-        file_io.load_packed(index, keys[a : a + step], dview, offsets[a : a + step], row, io)
+        def load(keys_: object, offsets_: object) -> None:
+            file_io.load_packed(index, keys_, dview, offsets_, row, io, plan=plan)
 
-    begun = time.perf_counter()
-    if n > 1:
-        on_threads([functools.partial(load, a) for a in range(0, n_keys, step)])
+        on_threads(SplitLoad(keys, offsets, slices, [plan.path_of[k] for k in keys],
+                             begin=lambda: None, load=load, end=lambda *_: None).tasks)
     else:
-        load(0)
+        begun = time.perf_counter()
+        file_io.load_packed(index, keys, dview, offsets, row, io)
     load_s = time.perf_counter() - begun
     assert dest[:] == view.tobytes(), "the load did not read what was stored"
     budget.close()

@@ -23,9 +23,11 @@ import pytest
 
 from conformance.harness import packed_faults as PF
 from reference import packed as R
+from reference import packed_split as RS
 from vllm_adapter.disk import chunk_file as C
 from vllm_adapter.disk import packed_file as P
 from vllm_adapter.disk import packed_io as PIO
+from vllm_adapter.disk import packed_split as PS
 from vllm_adapter.disk.fileio import TierFileIO
 
 NS = bytes(range(16))
@@ -80,16 +82,41 @@ class Tier:
         self.index.add(path, header)
         return path, {k: data[i * ROW : (i + 1) * ROW] for i, k in enumerate(keys)}
 
-    def load(self, keys: list[bytes]) -> tuple[dict[bytes, bytes], Any]:
-        """One load job of ``keys``: the rows it filled, and the ``OSError`` it raised (or None)."""
+    def load(self, keys: list[bytes], split: bool = False) -> tuple[dict[bytes, bytes], Any]:
+        """One load job of ``keys``: the rows it filled, and the ``OSError`` it raised (or
+        None).  ``split``: split across the pool as the tier splits a large job
+        (:class:`~vllm_adapter.disk.packed_split.SplitLoad`, one slice per section here),
+        its tasks run in reverse; exactly one of them may raise."""
         view = memoryview(bytearray(len(keys) * ROW))
+        offsets = [i * ROW for i in range(len(keys))]
         self.file_io.reads.clear()
         error = None
-        try:
-            self.file_io.load_packed(self.index, keys, view, [i * ROW for i in range(len(keys))],
-                                     ROW, self.io)
-        except OSError as exc:
-            error = exc
+        if split:
+            plan = PIO.LoadPlan.of(self.index, keys)
+            assert plan is not None
+            slices = PS.load_job_slices(plan, keys, RS.LoadSplit(len(keys), ROW))
+            assert len(slices) == len(keys)
+
+            def load(keys_: Any, offsets_: Any) -> None:
+                self.file_io.load_packed(self.index, keys_, view, offsets_, ROW, self.io,
+                                         plan=plan)
+
+            raised = []
+            for task in reversed(PS.SplitLoad(keys, offsets, slices,
+                                              [plan.path_of[k] for k in keys],
+                                              begin=lambda: None, load=load,
+                                              end=lambda *_: None).tasks):
+                try:
+                    task()
+                except OSError as exc:
+                    raised.append(exc)
+            assert len(raised) <= 1, raised
+            error = raised[0] if raised else None
+        else:
+            try:
+                self.file_io.load_packed(self.index, keys, view, offsets, ROW, self.io)
+            except OSError as exc:
+                error = exc
         return {k: bytes(view[i * ROW : (i + 1) * ROW]) for i, k in enumerate(keys)}, error
 
 
@@ -179,14 +206,19 @@ def test_no_read_of_a_load_bypasses_the_file_io_object(
         assert calls == [("preadv", off) for off, _ in tier.file_io.of(path)], calls
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one-task", "split"])
 @pytest.mark.parametrize("mtime", ["kept", "changed"])
-def test_a_flipped_payload_byte_fails_its_key_on_either_path(tmp_path: Path, mtime: str) -> None:
+def test_a_flipped_payload_byte_fails_its_key_on_either_path(
+    tmp_path: Path, mtime: str, split: bool
+) -> None:
     """One byte of section 2's payload flipped in place (``os.pwrite``: same inode, same
     size).  ``kept``: the mtime is put back, so the identity matches and the fast path reads
     no header; the flipped byte can then only be caught by the section's checksum, so **this
     case fails if the fast path skips the checksum check** (it would load the flipped row).
     ``changed``: the write's new mtime sends the load to the full parse, which checks it too.
-    Either way only that key fails, it leaves the index, the file stays and serves the rest."""
+    Either way only that key fails, it leaves the index, the file stays and serves the rest.
+    ``split``: the job split across the pool, one slice per section (a slice that skipped
+    the checksum would load the flipped row), the job's error raised once."""
     tier = Tier(tmp_path)
     path, data = tier.store(A_KEYS)
     other, other_data = tier.store(B_KEYS)
@@ -201,7 +233,7 @@ def test_a_flipped_payload_byte_fails_its_key_on_either_path(tmp_path: Path, mti
         _same_mtime(path, st)
     identity = tier.index.identity(path)
     assert identity is not None and identity.matches(os.stat(path)) == (mtime == "kept")
-    got, error = tier.load(A_KEYS + B_KEYS)
+    got, error = tier.load(A_KEYS + B_KEYS, split)
     assert error is not None and error.failed_by_file == {path: [A_KEYS[2]], other: []}
     assert error.num_succeeded == 2
     assert tier.io.counters.bad_files == {"checksum": 1}
@@ -225,17 +257,20 @@ def _two_files(tmp_path: Path, indexed: str) -> tuple[Tier, str, str, dict[bytes
     return tier, path, other, other_data, os.stat(path)
 
 
-@pytest.mark.parametrize("indexed", ["identity", "sections", "keys"])
+@pytest.mark.parametrize("indexed", ["identity", "sections", "keys", "identity-split"])
 def test_a_truncated_file_fails_only_its_keys(tmp_path: Path, indexed: str) -> None:
     """A file shortened by a page (its mtime put back: the size alone differs): the fast
     path's ``fstat`` sees another size, so the header is parsed, which finds the file short
     (``size``): every key of that file fails, the file is deleted and leaves the index; the
     other file of the job loads.  ``sections``: the file indexed without an identity (the
-    full path from the start), the same."""
-    tier, path, other, other_data, st = _two_files(tmp_path, indexed)
+    full path from the start), the same.  ``identity-split``: the job split across the
+    pool, one slice per section: the first slice to open the file parses it, the others
+    fail its keys without opening it again (the header read once, the file counted bad
+    once)."""
+    tier, path, other, other_data, st = _two_files(tmp_path, indexed.removesuffix("-split"))
     os.truncate(path, st.st_size - R.PAGE)
     _same_mtime(path, st)
-    got, error = tier.load(B_KEYS[:1] + A_KEYS + B_KEYS[1:])
+    got, error = tier.load(B_KEYS[:1] + A_KEYS + B_KEYS[1:], indexed.endswith("-split"))
     assert error is not None and error.num_succeeded == 1
     assert error.failed_by_file == {other: [], path: A_KEYS}
     assert tier.file_io.header_reads(path) == [(0, R.PAGE)], "the size change was not re-verified"

@@ -77,6 +77,7 @@ from reference.economics import Tally, hashed
 from reference.eviction import Disk, EvictionRule, Layout
 from reference.knobs import Chunking
 from reference.packed import packed_file_bytes
+from reference.packed_split import LoadSplit
 from reference.plan import Policy
 from reference.tiered_index import PromotingEngine, PromotingPlanner, TieredIndex
 from reference.workload import GpuCache, WorkloadRequest
@@ -115,9 +116,9 @@ class PackedBudgetedIndex(BudgetedIndex):
 
     def __init__(self, chunking: Chunking, row_bytes: int, budget_bytes: int,
                  rule: EvictionRule, policy: Policy, *, pending_windows: bool = True,
-                 window_siblings: bool = False) -> None:
+                 window_siblings: bool = False, load_split: LoadSplit | None = None) -> None:
         super().__init__(chunking, row_bytes, budget_bytes, rule, Layout.PACKED, policy.window,
-                         window_siblings=window_siblings)
+                         window_siblings=window_siblings, load_split=load_split)
         self.row_bytes = row_bytes
         if pending_windows:
             self.disk = ChunkedPrefillDisk(self.structure)
@@ -158,13 +159,17 @@ def predict(
     rule: EvictionRule = EvictionRule.REACHABLE,
     pending_windows: bool = True,
     window_siblings: bool = True,
+    load_split: LoadSplit | None = None,
 ) -> list[PassCounts]:
     """Serve ``reqs`` ``passes`` times (cold GPU: the GPU prefix cache empty before every
     request) over :class:`TieredIndex` with a disk of ``budget_bytes``; counts per pass
     (``window_siblings``: :meth:`Disk.arrives_stranded`'s option, on as the tier runs it:
-    :meth:`vllm_adapter.disk.ledger.RootLedger.reserve`)."""
+    :meth:`vllm_adapter.disk.ledger.RootLedger.reserve`; ``load_split``: the tier's split of
+    its load jobs, so that files read counts its opens, one per file per slice:
+    :func:`reference.packed_split.load_slices`)."""
     disk = PackedBudgetedIndex(chunking, row_bytes, budget_bytes, rule, policy,
-                               pending_windows=pending_windows, window_siblings=window_siblings)
+                               pending_windows=pending_windows, window_siblings=window_siblings,
+                               load_split=load_split)
     tiered = TieredIndex(disk)
     engine = PromotingEngine(chunking, policy, budget_tokens, tiered)
     engine.gpu_cache = GpuCache.COLD

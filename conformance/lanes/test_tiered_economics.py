@@ -25,7 +25,9 @@ its window keys, each key a section): the
 packed files and sections on disk (per group), and pass 2's file opens and
 sections loaded, must equal what :mod:`reference.economics` counts from its own
 store and load jobs (read-once: the CPU tier keeps what it promoted), and so must
-pass 2's reads (runs of adjacent sections of one file).
+pass 2's reads (runs of adjacent sections of one file); a load job large enough to split
+across the tier's pool opens a file once per slice and reads each run within a slice
+(:func:`reference.packed_split.load_slices`, with the tier's threads and part size).
 
 A warm-GPU variant (``-warm_gpu`` cases, DeepSeek-V4, shared-prefix shape)
 keeps the GPU prefix cache between requests, with a GPU block pool sized so
@@ -61,7 +63,7 @@ from conformance.harness.heavy_lock import one_heavy_lane_per_machine  # noqa: E
 from conformance.protocol import deviations  # noqa: E402
 from conformance.protocol.versions import RELEASES, rules_for  # noqa: E402
 from reference.economics import serve  # noqa: E402
-from reference.layout_economics import PACKED, layout_economics  # noqa: E402
+from reference.layout_economics import PACKED, PackedLoads, layout_economics  # noqa: E402
 from reference.workload import GpuCache, Span, Workload, WorkloadRequest, requests  # noqa: E402
 
 pytestmark = [pytest.mark.data, pytest.mark.xdist_group("heavy")]
@@ -169,15 +171,18 @@ def _prompts(workload: Workload) -> list[WorkloadRequest]:
 
 
 def predicted(
-    case: EconomicsCase, chunking: Any, reqs: list[WorkloadRequest], **switches: Any
+    case: EconomicsCase, chunking: Any, reqs: list[WorkloadRequest],
+    packed_loads: PackedLoads | None = None, **switches: Any
 ) -> tuple[Any, Any]:
     """The reference's two passes (GPU cache as the case says, both caches reset between
-    passes) under the installed release's rules, ``switches`` changed."""
+    passes) under the installed release's rules, ``switches`` changed; ``packed_loads``: how
+    the packed tier splits its load jobs (its opens and reads)."""
     policy = dataclasses.replace(
         rules_for(V.VLLM_VERSION).policy, retention_interval=case.retention_interval,
         **switches,
     )
-    first, second = serve(chunking, [reqs, reqs], policy, gpu_cache=case.gpu_cache, budget=BUDGET)
+    first, second = serve(chunking, [reqs, reqs], policy, gpu_cache=case.gpu_cache,
+                          budget=BUDGET, packed_loads=packed_loads)
     return first, second
 
 
@@ -372,11 +377,14 @@ def test_predicted_packed_files_are_the_files_kvchunks_tier_writes(
     from vllm_adapter.connector import resolve_for_vllm
 
     chunking, _ = resolve_for_vllm(driver.vllm_config, driver.kv_cache_config)
-    first, second = predicted(case, chunking, reqs)
     probe = T.FileProbe().install(monkeypatch)
     session, runner = T.open_session(driver, BUDGET)
     tier = SF.tier_of(session)
     assert tier.layout == "packed", tier.layout
+    # A load job large enough to split across the tier's pool opens a file once per slice
+    # and reads each run within a slice (reference.packed_split.load_slices, the tier's rule).
+    first, second = predicted(case, chunking, reqs, PackedLoads(
+        tier.load_split, {gc.group.index: tier.section_bytes for gc in chunking.groups}))
     snapshots: list[TierSnapshot] = []
     try:
         T.run_workload_passes(

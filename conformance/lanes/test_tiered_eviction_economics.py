@@ -23,7 +23,9 @@ tier must **equal** the reference's prediction
 * files evicted (``tier.budget.counters.files_evicted``);
 * packed files on disk when the pass ended (the namespace directory, listed; the
   ledger must agree);
-* files read (packed file opens, ``tier.counters.files_opened``; 0 in pass 1);
+* files read (packed file opens, ``tier.counters.files_opened``; 0 in pass 1; a load
+  job split across the tier's pool opens a file once per slice that reads it:
+  :func:`reference.packed_split.load_slices`, with the tier's threads and part size);
 * prompt tokens recomputed: per request, the prompt less the GPU prefix hit and the
   offload hit (``get_num_new_matched_tokens`` as the scheduler last asked it);
 * files written, stores refused and keys left out as stranded on arrival.
@@ -294,6 +296,10 @@ def test_budgeted_packed_tier_evicts_keeps_and_reads_what_the_reference_predicts
         tier.layout, tier.budget.ledger.files_budget)
     assert tier._block_size == row, (
         f"{case}: the tier's rows are {tier._block_size} bytes, the geometry's {row}")
+    # Files read are the tier's opens: a load job large enough to split across its pool
+    # opens a file once per slice (reference.packed_split.load_slices, the tier's rule).
+    want = X.predict(knob.chunking, reqs, policy, row_bytes=row, budget_bytes=disk_bytes,
+                     budget_tokens=BUDGET, load_split=tier.load_split)
     hits = _record_hits(session, monkeypatch)
     try:
         states = _serve_passes(session, tier, [r.prompt for r in reqs])

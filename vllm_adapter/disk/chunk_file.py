@@ -196,11 +196,13 @@ class TierCounters(Counters):
     sections_stored: int = 0
     """Packed layout: sections written (one per key); ``files_stored`` counts the files."""
     files_opened: int = 0
-    """Packed layout: files opened by loads (one per file a load job reads from)."""
+    """Packed layout: files opened by loads (one per file a load job reads from; a job
+    split across the pool, one per file per slice: :func:`reference.packed_split.load_slices`)."""
     sections_loaded: int = 0
     """Packed layout: sections verified and loaded."""
     reads: int = 0
-    """Packed layout: read calls of loads (adjacent sections of one file are one read)."""
+    """Packed layout: read calls of loads (adjacent sections of one file, within a slice of
+    a split job, are one read)."""
     sections_stored_per_group: Counter[int] = field(default_factory=Counter)
     sections_loaded_per_group: Counter[int] = field(default_factory=Counter)
     bad_sections: int = 0

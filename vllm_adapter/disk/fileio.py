@@ -73,10 +73,13 @@ class TierFileIO:
         P.discard_packed_temp(temp)
 
     def load_packed(self, index: PIO.PackedIndex, keys: Sequence[Any], view: memoryview,
-                    offsets: Sequence[int], size: int, io: C.ChunkIO) -> None:
+                    offsets: Sequence[int], size: int, io: C.ChunkIO,
+                    plan: PIO.LoadPlan | None = None) -> None:
         """Packed layout: a job's keys from the files the index names (a file unchanged
-        since it was indexed is read without its header), read with :meth:`preadv`."""
-        PIO.load_packed_files(index, keys, view, offsets, size, io, self.preadv)
+        since it was indexed is read without its header), read with :meth:`preadv`;
+        ``plan``: ``keys`` are one slice of a job split across the pool (one call per slice,
+        :mod:`~vllm_adapter.disk.packed_split`)."""
+        PIO.load_packed_files(index, keys, view, offsets, size, io, self.preadv, plan)
 
     def preadv(self, fd: int, buffers: list[Any], offset: int) -> int:
         """Packed layout: every read of a packed file's header or sections (``os.preadv``)."""

@@ -120,6 +120,7 @@ __all__ = [
     "PackedTemp",
     "Preadv",
     "Section",
+    "SharedFile",
     "group_of_key",
     "iter_packed_files",
     "load_indexed",
@@ -743,9 +744,59 @@ def _read_sections(
     return failed
 
 
+class SharedFile:
+    """One packed file that several slices of one load job read, each opening it
+    (:mod:`vllm_adapter.disk.packed_split`): under :attr:`lock` each slice opens and checks
+    it in turn, with what the slices before it found, so that a header mismatch is parsed
+    once (the others check against the parsed identity), a bad file is counted and
+    discarded once and a file found gone or bad is not opened again (its keys fail with the
+    same reason).  The reads run outside the lock, in parallel."""
+
+    def __init__(self, indexed: IndexedFile | None) -> None:
+        self.lock = threading.Lock()
+        self.indexed = indexed
+        """The identity and sections a load checks the file against (the index's, then
+        the header's if a slice parsed it)."""
+        self.bad: Mapping[bytes, str] = {}
+        """Keys the parsed header refused, with why."""
+        self.why: str | None = None
+        """Why the whole file failed (every wanted key fails), once a slice found it."""
+
+
+def _open_checked(
+    path: str, io: ChunkIO, indexed: IndexedFile | None, direct: bool, preadv: Preadv,
+) -> tuple[int, Mapping[bytes, Section], Mapping[bytes, str], PackedHeader | None] | str:
+    """Open ``path`` for a load and check it: ``(fd, sections, refused keys, header)``
+    (``header`` None: the fast path, ``indexed`` matched), or why the whole file failed."""
+    counters = io.counters
+    try:
+        fd = os.open(path, os.O_RDONLY | (O_DIRECT if direct else 0))
+    except FileNotFoundError:
+        return MISSING
+    except OSError as exc:
+        return f"open: {exc.strerror}"
+    try:
+        st = os.fstat(fd)
+        counters.add(files_opened=1)
+        if indexed is not None and indexed.identity.matches(st):
+            return fd, indexed.sections, {}, None
+        try:
+            header = _checked_header(fd, path, st, io.namespace, io.checksum, preadv)
+        except ChunkFileError as exc:
+            counters.bad(path, exc.why)
+            discard_bad_file(path, st, io)
+            os.close(fd)
+            return exc.why
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, {s.key: s for s in header.sections}, dict(header.bad), header
+
+
 def load_indexed(
     path: str, wants: Sequence[tuple[bytes, memoryview]], io: ChunkIO,
     indexed: IndexedFile | None, preadv: Preadv | None = None,
+    shared: SharedFile | None = None,
 ) -> Loaded:
     """Read and verify the sections of ``wants`` (key, destination) from one packed file.
 
@@ -755,33 +806,37 @@ def load_indexed(
     (a header that fails fails every wanted key and discards the file, the tier's
     bad-file policy).  Either way every section read is verified against its checksum,
     a section that fails fails its key alone, and adjacent wanted sections are one read
-    (``preadv``: how, ``os.preadv`` by default).
+    (``preadv``: how, ``os.preadv`` by default).  ``shared``: the file as the other slices
+    of a split load job found it (:class:`SharedFile`; ``indexed`` is then its).
     """
     preadv = preadv or os.preadv
-    counters = io.counters
     direct = io.o_direct and all(len(dest) % PAGE == 0 for _, dest in wants)
+    if shared is None:
+        opened = _open_checked(path, io, indexed, direct, preadv)
+    else:
+        with shared.lock:
+            opened = shared.why or _open_checked(path, io, shared.indexed, direct, preadv)
+            if isinstance(opened, str):
+                shared.why = opened
+            else:
+                fd, by_key, bad, header = opened
+                if header is not None:  # parsed: the next slices check against this header
+                    shared.indexed = IndexedFile(header.identity or _no_identity(), by_key)
+                    shared.bad = bad
+                elif shared.bad:
+                    opened = (fd, by_key, shared.bad, None)
+    if isinstance(opened, str):
+        return Loaded({k: opened for k, _ in wants}, None)
+    fd, by_key, bad, header = opened
     try:
-        fd = os.open(path, os.O_RDONLY | (O_DIRECT if direct else 0))
-    except FileNotFoundError:
-        return Loaded({k: MISSING for k, _ in wants}, None)
-    except OSError as exc:
-        return Loaded({k: f"open: {exc.strerror}" for k, _ in wants}, None)
-    try:
-        st = os.fstat(fd)
-        counters.add(files_opened=1)
-        if indexed is not None and indexed.identity.matches(st):
-            return Loaded(_read_sections(fd, path, wants, indexed.sections, {}, io, preadv), None)
-        try:
-            header = _checked_header(fd, path, st, io.namespace, io.checksum, preadv)
-        except ChunkFileError as exc:
-            counters.bad(path, exc.why)
-            discard_bad_file(path, st, io)
-            return Loaded({k: exc.why for k, _ in wants}, None)
-        by_key = {s.key: s for s in header.sections}
-        return Loaded(_read_sections(fd, path, wants, by_key, dict(header.bad), io, preadv),
-                      header)
+        return Loaded(_read_sections(fd, path, wants, by_key, bad, io, preadv), header)
     finally:
         os.close(fd)
+
+
+def _no_identity() -> FileIdentity:
+    """An identity no ``fstat`` matches (a parsed header always carries the file's)."""
+    return FileIdentity(-1, -1, -1, -1, b"")
 
 
 def load_packed(

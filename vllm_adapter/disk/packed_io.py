@@ -40,7 +40,7 @@ from vllm_adapter.disk import packed_file as P
 from vllm_adapter.disk import packed_snapshot as PS
 from vllm_adapter.disk.chunk_file import ChunkFileError, ChunkIO, slices
 
-__all__ = ["IndexStart", "PackedIndex", "load_packed_files", "store_packed_file"]
+__all__ = ["IndexStart", "LoadPlan", "PackedIndex", "load_packed_files", "store_packed_file"]
 
 logger = logging.getLogger("vllm_adapter.disk.tier")
 
@@ -366,9 +366,40 @@ def store_packed_file(
     return header
 
 
+@dataclass(frozen=True)
+class LoadPlan:
+    """A load job split across the pool (:mod:`vllm_adapter.disk.packed_split`), as the
+    index placed its keys when it was split: each key's file, each file's identity then,
+    and each file as its slices share it (:class:`~vllm_adapter.disk.packed_file.SharedFile`:
+    the indexed sections, and what the first slice to open it found)."""
+
+    path_of: Mapping[bytes, str]
+    identities: Mapping[str, P.FileIdentity | None]
+    files: Mapping[str, P.SharedFile]
+
+    @classmethod
+    def of(cls, index: PackedIndex, keys: Sequence[Any]) -> LoadPlan | None:
+        """The plan of ``keys`` (None when a key is not indexed or its section is not
+        known yet: a file not parsed since it was indexed by its keys is loaded whole)."""
+        where, identities = index.locate(keys)
+        path_of: dict[bytes, str] = {}
+        sections: dict[str, dict[bytes, P.Section]] = {}
+        for key, found in zip(keys, where, strict=True):
+            if found is None or found[1] is None or identities[found[0]] is None:
+                return None
+            path_of[bytes(key)] = found[0]
+            sections.setdefault(found[0], {})[bytes(key)] = found[1]
+        files = {}
+        for path, by_key in sections.items():
+            identity = identities[path]
+            assert identity is not None
+            files[path] = P.SharedFile(P.IndexedFile(identity, by_key))
+        return cls(path_of, identities, files)
+
+
 def load_packed_files(
     index: PackedIndex, keys: Sequence[Any], view: memoryview, offsets: Sequence[int], size: int,
-    io: ChunkIO, preadv: P.Preadv | None = None,
+    io: ChunkIO, preadv: P.Preadv | None = None, plan: LoadPlan | None = None,
 ) -> None:
     """Load a job's keys from the packed files the index names, each file opened once.
 
@@ -376,6 +407,8 @@ def load_packed_files(
     (no header read); any other is parsed, and its index entry refreshed from the header.
     Every section is verified against its checksum.  ``preadv``: how files are read
     (``os.preadv`` by default; the tier's :class:`~vllm_adapter.disk.fileio.TierFileIO`).
+    ``plan``: ``keys`` are one slice of a load job split across the pool, placed by the
+    job's :class:`LoadPlan` (not looked up again), each file shared with the other slices.
 
     On failure raises an ``OSError`` carrying ``num_succeeded`` (the keys before
     the first failed one, in job order, as vLLM's ``batch_load_block``); every
@@ -386,7 +419,11 @@ def load_packed_files(
     sections: dict[str, dict[bytes, P.Section]] = {}
     failed: dict[bytes, str] = {}
     rows = slices(view, offsets, size)
-    where, identities = index.locate(keys)
+    if plan is None:
+        where, identities = index.locate(keys)
+    else:
+        where = [(path, None) if (path := plan.path_of.get(bytes(k))) else None for k in keys]
+        identities = dict(plan.identities)
     for key, dest, found in zip(keys, rows, where, strict=True):
         if found is None:
             failed[bytes(key)] = "not indexed"
@@ -398,8 +435,11 @@ def load_packed_files(
             known_sections[bytes(key)] = section
     for path, wants in by_file.items():
         seen = identities[path]
-        known = None if seen is None else P.IndexedFile(seen, sections[path])
-        loaded = P.load_indexed(path, wants, io, known, preadv)
+        if plan is not None:
+            loaded = P.load_indexed(path, wants, io, None, preadv, plan.files[path])
+        else:
+            known = None if seen is None else P.IndexedFile(seen, sections[path])
+            loaded = P.load_indexed(path, wants, io, known, preadv)
         failures = loaded.failed
         if P.WHOLE_FILE & set(failures.values()):
             index.drop_file(path)

@@ -1,10 +1,14 @@
-"""A packed store job split across the tier's I/O pool (issue #30 item 1: queue depth
-inside a job).
+"""Packed store and load jobs split across the tier's I/O pool (issue #30 item 1: queue
+depth inside a job).
+
+The sizes and the cut are :mod:`reference.packed_split`'s (:data:`PART_BYTES`,
+:data:`MAX_PARTS`, :func:`part_count` are its objects), the rule the reference counts
+split loads with.
 
 A store job of at least twice :data:`PART_BYTES` of new sections is handed to vLLM's
 pool as ``n`` sub-tasks (:func:`part_count`: one per ``PART_BYTES``, at most
-:data:`MAX_PARTS` and the pool's threads; vLLM's ``JobState`` finishes the job when all ``n``
-have run, failed if any raised).  The sub-tasks share one :class:`SplitStore`:
+:data:`MAX_PARTS` and the pool's threads; vLLM's ``JobState`` finishes the job when all
+``n`` have run, failed if any raised).  The sub-tasks share one :class:`SplitStore`:
 
 * the first to run reserves the job's files in the root's ledger (never vLLM's
   scheduler thread, which only enqueues) and creates each file's temporary file, sized
@@ -22,6 +26,17 @@ the sub-tasks that failed before it return, so the pool fails the job once.  The
 are byte for byte what the one-task store (:func:`~vllm_adapter.disk.packed_file.store_packed`)
 writes.  Every file operation goes through the tier's
 :class:`~vllm_adapter.disk.fileio.TierFileIO`.
+
+A load job of as many bytes, every key placed by the index with its section
+(:class:`~vllm_adapter.disk.packed_io.LoadPlan`), is one sub-task per slice of
+:func:`reference.packed_split.load_slices` (:func:`load_job_slices`, :class:`SplitLoad`).
+Each calls the tier's :meth:`~vllm_adapter.disk.fileio.TierFileIO.load_packed` with its
+keys and the job's plan: it opens each file of its slice (so a file in two slices is
+opened twice, as the reference counts), checks it (``fstat`` against the indexed identity,
+the header parsed on a mismatch, once per job: the file's
+:class:`~vllm_adapter.disk.packed_file.SharedFile`), reads each run of adjacent sections
+in one ``preadv`` into the destination rows and **verifies every section's checksum**.
+The last sub-task reports the job once, as the one-task load reports it.
 """
 
 from __future__ import annotations
@@ -33,23 +48,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from reference.packed import page_round
+from reference.packed_split import MAX_PARTS, PART_BYTES, LoadSplit, cut, load_slices, part_count
 from vllm_adapter.disk import packed_file as P
+from vllm_adapter.disk import packed_io as PIO
 from vllm_adapter.disk.chunk_file import ChunkIO
 from vllm_adapter.disk.fileio import TierFileIO
 
-__all__ = ["MAX_PARTS", "PART_BYTES", "Part", "SplitStore", "part_count", "split_parts"]
-
-PART_BYTES = 8 << 20
-"""A store job is split into sub-tasks of at least this many payload bytes: below it, the
-job stays one task (the one-task store's single vectored write)."""
-MAX_PARTS = 8
-"""At most this many sub-tasks per job (and at most the pool's threads)."""
-
-
-def part_count(job_bytes: int, threads: int, part_bytes: int = PART_BYTES,
-               max_parts: int = MAX_PARTS) -> int:
-    """How many sub-tasks a store job of ``job_bytes`` payload bytes gets (1: not split)."""
-    return max(1, min(max_parts, threads, job_bytes // max(1, part_bytes)))
+__all__ = ["MAX_PARTS", "PART_BYTES", "Part", "SplitLoad", "SplitStore", "load_job_slices",
+           "part_count", "split_parts"]
 
 
 @dataclass(frozen=True)
@@ -66,19 +72,15 @@ def split_parts(lengths: Sequence[Sequence[int]], n: int) -> list[list[Part]]:
     cut into ``n`` contiguous ranges of about equal (page-rounded) bytes; each range as
     one :class:`Part` per file it spans.  Some ranges are empty when there are fewer
     sections than ``n``."""
-    flat = [(f, s, page_round(n_)) for f, file_ in enumerate(lengths)
-            for s, n_ in enumerate(file_)]
-    total = sum(b for _, _, b in flat)
+    flat = [(f, s) for f, file_ in enumerate(lengths) for s in range(len(file_))]
+    where = cut([page_round(n_) for file_ in lengths for n_ in file_], n)
     out: list[list[Part]] = [[] for _ in range(n)]
-    at = 0
-    for f, s, b in flat:
-        j = min(n - 1, at * n // total) if total else 0
+    for (f, s), j in zip(flat, where, strict=True):
         parts = out[j]
         if parts and parts[-1].file == f and parts[-1].stop == s:
             parts[-1] = Part(f, parts[-1].first, s + 1)
         else:
             parts.append(Part(f, s, s + 1))
-        at += b
     return out
 
 
@@ -204,3 +206,112 @@ class SplitStore:
         if error is not None:
             self._failed(error)
             raise error
+
+
+def load_job_slices(plan: PIO.LoadPlan, keys: Sequence[Any],
+                    split: LoadSplit) -> list[list[int]]:
+    """A load job's sub-tasks: per slice, the places of its keys in the job, file by file
+    and each file's in position order.  The slices are
+    :func:`reference.packed_split.load_slices` of the sections the plan places the keys
+    at, the rule the reference counts the job's opens and reads with."""
+    wanted: dict[bytes, tuple[str, int, int]] = {}
+    at: dict[tuple[str, int], list[int]] = {}
+    for i, key in enumerate(keys):
+        path = plan.path_of[bytes(key)]
+        indexed = plan.files[path].indexed
+        assert indexed is not None
+        section = indexed.sections[bytes(key)]
+        wanted[bytes(key)] = (path, section.position, section.length)
+        at.setdefault((path, section.position), []).append(i)
+    return [[i for path, positions in part for p in positions for i in at[(path, p)]]
+            for part in load_slices(wanted.values(), split)]
+
+
+class SplitLoad:
+    """One load job's shared state across its sub-tasks (:attr:`tasks`), one per slice of
+    :func:`load_job_slices` (each: ``load(keys, offsets)`` of the slice's keys, the tier's
+    :meth:`~vllm_adapter.disk.fileio.TierFileIO.load_packed` with the job's plan).
+
+    ``begin()`` runs once, in the first sub-task, before any load (the reservations the
+    job reads); ``end(begun, error)`` runs once, in the last, with what ``begin`` returned
+    and the job's error, as the one-task load reports it: an ``OSError`` whose
+    ``num_succeeded`` counts the keys before the first failed key in job order and whose
+    ``failed_by_file`` lists, for every file of the job, its failed keys in job order (or
+    the first other exception; None when every slice loaded).  The last sub-task raises
+    it, once; a slice that failed before returns, so the pool fails the job once."""
+
+    def __init__(
+        self, keys: Sequence[Any], offsets: Sequence[int], slices: Sequence[Sequence[int]],
+        key_files: Sequence[str], *, begin: Callable[[], Any],
+        load: Callable[[Sequence[Any], Sequence[int]], None],
+        end: Callable[[Any, BaseException | None], None],
+    ) -> None:
+        self._keys, self._offsets = list(keys), list(offsets)
+        self._slices = [list(s) for s in slices]
+        self._key_files = list(key_files)
+        """Each key's file (the job's plan)."""
+        self._begin, self._load, self._end = begin, load, end
+        self._lock = threading.Lock()
+        self._began = False
+        self._begun: Any = None
+        self._begin_error: BaseException | None = None
+        self._errors: dict[int, BaseException] = {}
+        self._done = 0
+        self.tasks: list[Callable[[], None]] = [functools.partial(self.run, i)
+                                                for i in range(len(self._slices))]
+        """The sub-tasks, one per slice; any order, any thread."""
+
+    def run(self, i: int) -> None:
+        """Sub-task ``i``: begin if first, load slice ``i``, end the job if last."""
+        try:
+            with self._lock:
+                if not self._began:
+                    self._began = True
+                    try:
+                        self._begun = self._begin()
+                    except BaseException as exc:
+                        self._begin_error = exc
+            if self._begin_error is None:
+                part = self._slices[i]
+                try:
+                    self._load([self._keys[j] for j in part], [self._offsets[j] for j in part])
+                except Exception as exc:
+                    with self._lock:
+                        self._errors[i] = exc
+        finally:
+            with self._lock:
+                self._done += 1
+                last = self._done == len(self._slices)
+        if last:
+            error = self._error()
+            self._end(self._begun, error)
+            if error is not None:
+                raise error
+
+    def _error(self) -> BaseException | None:
+        """The job's error (:meth:`run`'s last sub-task raises it)."""
+        if self._begin_error is not None:
+            return self._begin_error
+        if not self._errors:
+            return None
+        first = min(self._errors, key=lambda i: min(self._slices[i]))
+        exc = self._errors[first]
+        if not isinstance(exc, OSError):
+            return exc
+        failed: set[bytes] = set()
+        unknown: list[int] = []  # slices that failed without naming their keys
+        for i, e in self._errors.items():
+            named = getattr(e, "failed_by_file", None)
+            if named is None:
+                unknown.extend(self._slices[i])
+            for ks in (named or {}).values():
+                failed.update(bytes(k) for k in ks)
+        keys = [bytes(k) for k in self._keys]
+        exc.num_succeeded = min(  # type: ignore[attr-defined]
+            [i for i, k in enumerate(keys) if k in failed] + unknown, default=0)
+        by_file: dict[str, list[bytes]] = {path: [] for path in self._key_files}
+        for key, path in zip(keys, self._key_files, strict=True):
+            if key in failed:
+                by_file[path].append(key)
+        exc.failed_by_file = by_file  # type: ignore[attr-defined]
+        return exc

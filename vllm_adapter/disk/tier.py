@@ -50,7 +50,10 @@ its window keys (the groups with a window) the sections of another
 and completed together, so that the eviction rule can evict a window file alone.  A job
 of at least twice ``store_part_bytes`` (8 MiB) of new sections is written by several
 tasks of vLLM's pool, one contiguous range of sections each, the first reserving, the
-last writing the headers and completing (:mod:`vllm_adapter.disk.packed_split`).  The
+last writing the headers and completing; a load job of at least twice ``load_part_bytes``
+(8 MiB) is several tasks too, one slice of its sections each (each slice opening the files
+it reads; :func:`reference.packed_split.load_slices`, the rule the reference counts opens
+and reads with), the last reporting the job (:mod:`vllm_adapter.disk.packed_split`).  The
 packed tier answers ``lookup(key)`` from an in-memory index, key -> (file, section),
 which it fills when it starts from its index snapshot (one file written at shutdown and
 every ``SNAPSHOT_SECONDS`` while the index changes, validated against a listing:
@@ -89,10 +92,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from reference import packed as RP
+from reference import packed_split as RS
 from vllm_adapter import names
 from vllm_adapter import vllm_api as V
 from vllm_adapter.disk import budget as DB
 from vllm_adapter.disk import packed_file as P
+from vllm_adapter.disk import packed_io as PIO
 from vllm_adapter.disk.chunk_file import (
     CHECKSUM,
     FORMAT_VERSION,
@@ -123,7 +128,13 @@ from vllm_adapter.disk.options import (
 )
 from vllm_adapter.disk.packed_io import IndexStart, PackedIndex
 from vllm_adapter.disk.packed_snapshot import SNAPSHOT_FILE
-from vllm_adapter.disk.packed_split import PART_BYTES, SplitStore, part_count
+from vllm_adapter.disk.packed_split import (
+    PART_BYTES,
+    SplitLoad,
+    SplitStore,
+    load_job_slices,
+    part_count,
+)
 from vllm_adapter.disk.tier_budget import (
     POLL_SECONDS,
     TierBudget,
@@ -220,6 +231,9 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
     store_part_bytes: int = PART_BYTES
     """A packed store job is split into sub-tasks of at least this many payload bytes
     (:mod:`~vllm_adapter.disk.packed_split`); a test lowers it to split small jobs."""
+    load_part_bytes: int = PART_BYTES
+    """A packed load job is split into slices of at least this many bytes
+    (:func:`reference.packed_split.load_slices`); a test lowers it to split small jobs."""
 
     def __init__(
         self,
@@ -526,8 +540,19 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
             raise
 
     def _store_threads(self) -> int:
-        """The pool's threads (a store job's sub-tasks are at most these)."""
+        """The pool's threads (a job's sub-tasks are at most these)."""
         return len(getattr(self._pool, "_threads", ())) or 1
+
+    @property
+    def load_split(self) -> RS.LoadSplit:
+        """How this tier splits a packed load job (:func:`reference.packed_split.load_slices`:
+        the rule :mod:`reference.layout_economics` counts its opens and reads with)."""
+        return RS.LoadSplit(self._store_threads(), self.load_part_bytes)
+
+    @property
+    def section_bytes(self) -> int:
+        """A packed section's payload: one CPU-tier row, every group."""
+        return int(self._block_size)
 
     def _packed_store_tasks(self, keys: list[Any], offsets: list[int],
                             positions: dict[bytes, int]) -> list[Any]:
@@ -603,6 +628,10 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         offsets = [int(cid) * self._block_size for cid in job_metadata.chunk_ids]
         if self.layout == "packed":
             files = list(dict.fromkeys(w[0] for k in keys if (w := self.index.get(bytes(k)))))
+            split = self._split_load_tasks(job_id, keys, offsets, files)
+            if split:  # queue depth inside the job (reference.packed_split.load_slices)
+                self._pool.enqueue_load(job_id, len(split), split)
+                return
 
             def load() -> None:
                 self.file_io.load_packed(self.index, keys, self._primary_kv_view, offsets,
@@ -629,10 +658,49 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
             finally:
                 self.budget.touch(files, rids)  # journaled in batches
 
-        # One task per job, as vLLM's tier.  One task per file of a job was tried: on the
-        # 2-core bench VM it did not read faster (0.72-0.80x vLLM's per-chunk loads, one task
-        # per job 0.71-0.96x over two runs of nox -s bench, 2026-12-04), so vLLM's shape stays.
+        # One task per job, as vLLM's tier, below twice load_part_bytes.  One task per file of
+        # a job was tried: on the 2-core bench VM it did not read faster (0.72-0.80x vLLM's
+        # per-chunk loads, one task per job 0.71-0.96x over two runs of nox -s bench,
+        # 2026-12-04); a large job's slices are _split_load_tasks.
         self._pool.enqueue_load(job_id, 1, [load_task])
+
+    def _split_load_tasks(self, job_id: Any, keys: list[Any], offsets: list[int],
+                          files: list[str]) -> list[Any]:
+        """A packed load job of at least twice ``load_part_bytes`` as sub-tasks, one per
+        slice (:func:`~vllm_adapter.disk.packed_split.load_job_slices`), with the one-task
+        load's accounting, once per job: the reservations read, taken before any slice
+        loads; on failure the keys before the first failed key in job order written to
+        ``_load_progress`` before the pool publishes the job, one ``load_failures``, the
+        failed files and keys accounted; the files touched.  Empty: one task (a small job,
+        or a key the index cannot place by its section yet)."""
+        split = self.load_split
+        job_bytes = len(keys) * RP.page_round(self._block_size)
+        if part_count(job_bytes, split.threads, split.part_bytes, split.max_parts) < 2:
+            return []
+        plan = PIO.LoadPlan.of(self.index, keys)
+        if plan is None:
+            return []
+        slices = load_job_slices(plan, keys, split)
+        if len(slices) < 2:
+            return []
+
+        def load(keys_: Sequence[Any], offsets_: Sequence[int]) -> None:
+            self.file_io.load_packed(self.index, keys_, self._primary_kv_view, offsets_,
+                                     self._block_size, self.io, plan=plan)
+
+        def end(rids: dict[str, str] | None, error: BaseException | None) -> None:
+            if rids is None:  # begin failed: as the one-task load, before it loads
+                return
+            try:
+                if isinstance(error, OSError):
+                    self._load_progress[job_id] = int(getattr(error, "num_succeeded", 0))
+                    self.counters.add(load_failures=1)
+                    self._account_failed_load(files, rids, getattr(error, "failed_by_file", {}))
+            finally:
+                self.budget.touch(files, rids)
+
+        return SplitLoad(keys, offsets, slices, [plan.path_of[bytes(k)] for k in keys],
+                         begin=lambda: self.budget.rids(files), load=load, end=end).tasks
 
 
 def _follow_root(tier_ref: weakref.ref[KvchunkFileTierManager], stop: threading.Event) -> None:
