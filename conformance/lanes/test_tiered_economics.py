@@ -383,8 +383,9 @@ def test_predicted_packed_files_are_the_files_kvchunks_tier_writes(
     assert tier.layout == "packed", tier.layout
     # A load job large enough to split across the tier's pool opens a file once per slice
     # and reads each run within a slice (reference.packed_split.load_slices, the tier's rule).
-    first, second = predicted(case, chunking, reqs, PackedLoads(
-        tier.load_split, {gc.group.index: tier.section_bytes for gc in chunking.groups}))
+    split = tier.load_split
+    first, second = predicted(case, chunking, reqs, None if split is None else PackedLoads(
+        split, {gc.group.index: tier.section_bytes for gc in chunking.groups}))
     snapshots: list[TierSnapshot] = []
     try:
         T.run_workload_passes(

@@ -500,18 +500,26 @@ class RootLedger(LedgerModel):
     def reading(self, paths: Iterable[str]) -> Iterator[None]:
         """While a load of this engine reads ``paths``, none of them is recycled."""
         paths = list(paths)
-        with self._thread_lock:
-            for p in paths:
-                self._reading[p] = self._reading.get(p, 0) + 1
+        self.begin_reading(paths)
         try:
             yield
         finally:
-            with self._thread_lock:
-                for p in paths:
-                    if self._reading[p] <= 1:
-                        del self._reading[p]
-                    else:
-                        self._reading[p] -= 1
+            self.end_reading(paths)
+
+    def begin_reading(self, paths: Iterable[str]) -> None:
+        """A load of this engine begins reading ``paths`` (:meth:`reading`, for a load whose
+        sub-tasks begin and end on different threads)."""
+        with self._thread_lock:
+            for p in paths:
+                self._reading[p] = self._reading.get(p, 0) + 1
+
+    def end_reading(self, paths: Iterable[str]) -> None:
+        with self._thread_lock:
+            for p in paths:
+                if self._reading[p] <= 1:
+                    del self._reading[p]
+                else:
+                    self._reading[p] -= 1
 
     def _plan_evictions(self, partial: bool = False) -> list[tuple[str, int]] | None:
         """Remove units by the rule from the files model until its files fit the files'

@@ -51,7 +51,7 @@ and completed together, so that the eviction rule can evict a window file alone.
 of at least twice ``store_part_bytes`` (8 MiB) of new sections is written by several
 tasks of vLLM's pool, one contiguous range of sections each, the first reserving, the
 last writing the headers and completing; a load job of at least twice ``load_part_bytes``
-(8 MiB) is several tasks too, one slice of its sections each (each slice opening the files
+(0 by default: off; the tests set 8 MiB) is several tasks too, one slice of its sections each (each slice opening the files
 it reads; :func:`reference.packed_split.load_slices`, the rule the reference counts opens
 and reads with), the last reporting the job (:mod:`vllm_adapter.disk.packed_split`).  The
 packed tier answers ``lookup(key)`` from an in-memory index, key -> (file, section),
@@ -231,9 +231,13 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
     store_part_bytes: int = PART_BYTES
     """A packed store job is split into sub-tasks of at least this many payload bytes
     (:mod:`~vllm_adapter.disk.packed_split`); a test lowers it to split small jobs."""
-    load_part_bytes: int = PART_BYTES
-    """A packed load job is split into slices of at least this many bytes
-    (:func:`reference.packed_split.load_slices`); a test lowers it to split small jobs."""
+    load_part_bytes: int = 0
+    """A packed load job of at least twice this many bytes is split into slices
+    (:func:`reference.packed_split.load_slices`; 0, the default: every load job is one task,
+    as vLLM's).  Off by default until the CLI's economics count a split load's opens
+    (:func:`vllm_adapter.economics.serve` serves without the pool's threads and section
+    bytes, so its file opens would fall short of the tier's); the tests set it
+    (``reference.packed_split.PART_BYTES``, or 1 to split every job)."""
 
     def __init__(
         self,
@@ -544,9 +548,12 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         return len(getattr(self._pool, "_threads", ())) or 1
 
     @property
-    def load_split(self) -> RS.LoadSplit:
+    def load_split(self) -> RS.LoadSplit | None:
         """How this tier splits a packed load job (:func:`reference.packed_split.load_slices`:
-        the rule :mod:`reference.layout_economics` counts its opens and reads with)."""
+        the rule :mod:`reference.layout_economics` counts its opens and reads with); None:
+        it does not (:attr:`load_part_bytes` 0)."""
+        if not self.load_part_bytes:
+            return None
         return RS.LoadSplit(self._store_threads(), self.load_part_bytes)
 
     @property
@@ -674,6 +681,8 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         failed files and keys accounted; the files touched.  Empty: one task (a small job,
         or a key the index cannot place by its section yet)."""
         split = self.load_split
+        if split is None:
+            return []
         job_bytes = len(keys) * RP.page_round(self._block_size)
         if part_count(job_bytes, split.threads, split.part_bytes, split.max_parts) < 2:
             return []
@@ -688,9 +697,15 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
             self.file_io.load_packed(self.index, keys_, self._primary_kv_view, offsets_,
                                      self._block_size, self.io, plan=plan)
 
+        def begin() -> dict[str, str]:
+            rids = self.budget.rids(files)
+            self.budget.begin_reading(files)  # none of them is recycled until the last slice
+            return rids
+
         def end(rids: dict[str, str] | None, error: BaseException | None) -> None:
             if rids is None:  # begin failed: as the one-task load, before it loads
                 return
+            self.budget.end_reading(files)
             try:
                 if isinstance(error, OSError):
                     self._load_progress[job_id] = int(getattr(error, "num_succeeded", 0))
@@ -700,7 +715,7 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
                 self.budget.touch(files, rids)
 
         return SplitLoad(keys, offsets, slices, [plan.path_of[bytes(k)] for k in keys],
-                         begin=lambda: self.budget.rids(files), load=load, end=end).tasks
+                         begin=begin, load=load, end=end).tasks
 
 
 def _follow_root(tier_ref: weakref.ref[KvchunkFileTierManager], stop: threading.Event) -> None:

@@ -113,6 +113,14 @@ class TierBudget:
         recycled meanwhile."""
         return self.ledger.reading(self._rel(p) for p in paths)
 
+    def begin_reading(self, paths: Iterable[str]) -> None:
+        """:meth:`reading` entered (a split load's first sub-task)."""
+        self.ledger.begin_reading([self._rel(p) for p in paths])
+
+    def end_reading(self, paths: Iterable[str]) -> None:
+        """:meth:`reading` left (a split load's last sub-task)."""
+        self.ledger.end_reading([self._rel(p) for p in paths])
+
     def complete(self, results: Sequence[tuple[str, bool]]) -> list[str]:
         gone = self.ledger.complete([(self._rel(p), ok) for p, ok in results])
         return [self._abs(p) for p in gone]
