@@ -87,6 +87,7 @@ from reference.keys import split_key
 from reference.prefix_structure import PrefixStructure
 
 __all__ = [
+    "Bookkeeping",
     "Disk",
     "EvictionRule",
     "Layout",
@@ -144,6 +145,12 @@ class _File:
     pins: int = 0
 
 
+Bookkeeping = tuple[int, dict[int, int], list[tuple[int, int, int]], list[int], list[int]]
+"""A :class:`Disk`'s own bookkeeping beside its files (:meth:`Disk.bookkeeping`): the next
+file id, each file's dependents, the leaf heap, the recency order and the window-only
+files' order."""
+
+
 class Disk:
     """Files on disk over a :class:`PrefixStructure`; the rule and the baseline."""
 
@@ -176,6 +183,28 @@ class Disk:
         :func:`passed_windows_unit`, which scans only these."""
 
     # -- state --------------------------------------------------------------
+
+    @staticmethod
+    def file_record(keys: tuple[bytes, ...], nbytes: int, last_use: int, ready: bool,
+                    pins: int) -> _File:
+        """One entry of :attr:`files`, as :meth:`add` makes it (a restored disk's)."""
+        return _File(keys, nbytes, last_use, ready, pins)
+
+    def bookkeeping(self) -> Bookkeeping:
+        """This disk's state beyond :attr:`files`, :attr:`file_of`, :attr:`bytes`,
+        :attr:`peak_bytes` and :attr:`clock`, as plain values (a snapshot of a disk keeps
+        it: ``vllm_adapter.disk.ledger_snapshot``)."""
+        return (self._next_id, dict(self._dependents), list(self._leaves),
+                list(self._recency), list(self._windows_only))
+
+    def restore_bookkeeping(self, state: Bookkeeping) -> None:
+        """:meth:`bookkeeping`'s inverse (the files restored first)."""
+        next_id, dependents, leaves, recency, windows_only = state
+        self._next_id = next_id
+        self._dependents = dependents
+        self._leaves = leaves
+        self._recency = OrderedDict.fromkeys(recency)
+        self._windows_only = OrderedDict.fromkeys(windows_only)
 
     def tick(self) -> int:
         self.clock += 1

@@ -31,7 +31,8 @@ VLLM_MISS = (0, 0, 0, 0, 0, 1, 0, 0)  # per request and group: the access after 
 # open lock, flock, symlink held, open journal (replay; fstat), open journal, write, readlink
 # held, unlink held, release
 TRANSACTION = (0, 3, 0, 0, 0, 0, 5, 1)
-PACKED_FILE = (1, 0, 1, 1, 0, 1, 0, 0)  # create, rename, unlink (eviction), poll stat; no mkdir
+PACKED_FILE = (0, 1, 2, 0, 0, 1, 0, 0)  # the victim's rename onto the temporary name (it is
+# recycled), its open, the rename into place, poll stat; no mkdir
 PACKED_STORE_JOB = tuple(2 * t for t in TRANSACTION)  # reserve and complete: its files together
 PACKED_LOAD = (0, 1, 0, 0, 0, 0, 0, 0)
 PACKED_JOB = (0, 1, 0, 0, 0, 0, 0, 1)
@@ -192,6 +193,7 @@ def test_a_store_job_holding_windows_writes_two_files(geometry: Geometry, full: 
     m = M.metadata_economics(e)
     per_million = 1e6 / e.prompt_tokens
     packed = m.layouts[1]
-    assert packed.created_per_million == pytest.approx(want_files * per_million)
-    assert packed.renamed_per_million == pytest.approx(want_files * per_million)
+    # each file: its victim renamed onto the temporary name and the rename into place
+    assert packed.renamed_per_million == pytest.approx(2 * want_files * per_million)
+    assert packed.created_per_million == 0
     assert packed.ledger_locks_per_million == pytest.approx(len(jobs) * 2 * 5 * per_million)

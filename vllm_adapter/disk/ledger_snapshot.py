@@ -86,13 +86,12 @@ import marshal
 import os
 import struct
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from reference.eviction import Disk, EvictionRule, _File
+from reference.eviction import Disk, EvictionRule
 from reference.knobs import Chunking
 from reference.prefix_structure import PrefixStructure
 
@@ -155,12 +154,12 @@ def _disk_state(disk: Disk, canon: dict[bytes, bytes]) -> tuple[Any, ...]:
     if set(vars(disk)) != _DISK_FIELDS:
         raise ValueError(f"a Disk with fields {sorted(vars(disk))}: not snapshotted")
     files = list(disk.files.values())
+    next_id, dependents, leaves, recency, windows_only = disk.bookkeeping()
     return (list(disk.files), [tuple(_canon(canon, f.keys)) for f in files],
             [f.nbytes for f in files], [f.last_use for f in files], [f.ready for f in files],
             [f.pins for f in files], _canon(canon, disk.file_of), list(disk.file_of.values()),
-            (disk.bytes, disk.peak_bytes, disk.clock, disk._next_id), list(disk._dependents),
-            list(disk._dependents.values()), list(disk._leaves), list(disk._recency),
-            list(disk._windows_only))
+            (disk.bytes, disk.peak_bytes, disk.clock, next_id), list(dependents),
+            list(dependents.values()), leaves, recency, windows_only)
 
 
 def _structure_state(s: PrefixStructure, canon: dict[bytes, bytes]) -> tuple[Any, ...]:
@@ -415,7 +414,8 @@ def _fill_disk(disk: Disk, state: Any) -> None:
     _counts(recency)
     _counts(windows_only)
     _check(len(fids) == len(keys) == len(nbytes) == len(last_use) == len(ready) == len(pins))
-    files = dict(zip(fids, map(_File, keys, nbytes, last_use, ready, pins), strict=True))
+    files = dict(zip(fids, map(Disk.file_record, keys, nbytes, last_use, ready, pins),
+                     strict=True))
     total = scalars[0]
     _check(len(files) == len(fids) and total == sum(nbytes)
            and set(holder) <= files.keys() and len(held) == len(holder)
@@ -424,11 +424,9 @@ def _fill_disk(disk: Disk, state: Any) -> None:
     disk.files = files
     disk.file_of = dict(zip(held, holder, strict=True))
     _check(len(disk.file_of) == len(held))
-    disk.bytes, disk.peak_bytes, disk.clock, disk._next_id = scalars
-    disk._dependents = dict(zip(dep_fids, dep_counts, strict=True))
-    disk._leaves = leaves
-    disk._recency = OrderedDict.fromkeys(recency)
-    disk._windows_only = OrderedDict.fromkeys(windows_only)
+    disk.bytes, disk.peak_bytes, disk.clock, next_id = scalars
+    disk.restore_bookkeeping((next_id, dict(zip(dep_fids, dep_counts, strict=True)), leaves,
+                              recency, windows_only))
 
 
 # -- a replay of its own --------------------------------------------------------
