@@ -117,11 +117,14 @@ def test_a_start_from_the_snapshot_is_a_full_replay(tmp_path_factory: Any, ops: 
             e = engines[who] = engine(root, e.name)
         if op == "store":
             chunks, positions = _prompt_chunks(prompt)
+            refused = e.ledger.counters.as_dict()["stores_refused"]
+            files = e.ledger.files()
             try:
                 store_files(e.tier, chunks[:upto], lambda ks: str(root / _name_of(ks)),
                             lambda ks: KEY_BYTES * len(ks), _write_whole, positions)
-            except StoreRefused:
-                pass
+            except StoreRefused:  # a full root: counted once, nothing reserved or evicted
+                assert e.ledger.counters.as_dict()["stores_refused"] == refused + 1
+                assert e.ledger.files() == files
         elif op == "pending":  # a reservation left being written (the writer lives on)
             _store_pending(e, prompt)
         elif op == "touch":

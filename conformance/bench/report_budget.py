@@ -57,6 +57,20 @@ def _step(row: Row, key: str) -> str:
     return _ci(row[key]["s_per_100k"], row[key]["s_per_100k_ci"]) if key in row else "-"
 
 
+def _snapshot_size(row: Row, name: str, when: str, share: str, instead: str) -> str:
+    """A snapshot's size, write time and cap (the row's ``<name>_*`` fields); ``instead``:
+    what a tier does when its snapshot would pass the cap."""
+    within = row[f"{name}_within_cap"]
+    return (f"{row[f'{name}_bytes']:,} bytes ({row[f'{name}_bytes_per_file']:.0f} per file), "
+            f"written in {row[f'{name}_write_s_per_100k']:.2f} s per 100k files{when}; "
+            + ("within" if within else "over")
+            + f" the tier's cap at this budget ({row[f'{name}_cap_bytes']:,} bytes, {share} of "
+            "the ledger's reserve)"
+            + ("" if within else
+               f": with these 4 KiB sections a tier would not write it and would {instead}")
+            + ".")
+
+
 def _restart(row: Row) -> list[str]:
     body = [[text, _step(row, f"cold_{step}"), _step(row, f"warm_{step}")]
             for step, text in _STEPS.items() if f"warm_{step}" in row]
@@ -73,30 +87,18 @@ def _restart(row: Row) -> list[str]:
                   "could not be dropped). ")
         index = ("index (the index snapshot read and checked, validated against a listing; "
                  "the files it does not describe read from their headers). The snapshot: "
-                 f"{row['snapshot_bytes']:,} bytes ({row['snapshot_bytes_per_file']:.0f} per "
-                 f"file), written in {row['snapshot_write_s_per_100k']:.2f} s per 100k files; "
-                 + ("within" if row["snapshot_within_cap"] else "over")
-                 + f" the tier's cap at this budget ({row['snapshot_cap_bytes']:,} bytes, an "
-                 "eighth of the ledger's reserve)"
-                 + ("" if row["snapshot_within_cap"] else
-                    ": with these 4 KiB sections a tier would not write it and would start "
-                    "from the headers (last line); sections of 180 KiB and more always fit, "
-                    "2 MiB ones take about 0.01 % of the files' bytes")
-                 + ".")
+                 + _snapshot_size(row, "snapshot", "", "an eighth",
+                                  "start from the headers (last line); sections of 180 KiB "
+                                  "and more always fit, 2 MiB ones take about 0.01 % of the "
+                                  "files' bytes"))
     else:
         target, index = "Informational. ", "index (one header read per file)."
     if "ledger_snapshot_bytes" in row:
         index += (f" The ledger's snapshot (its model, loaded instead of replaying the journal: "
-                  f"{row['ledger_snapshot']}): {row['ledger_snapshot_bytes']:,} bytes "
-                  f"({row['ledger_snapshot_bytes_per_file']:.0f} per file), written in "
-                  f"{row['ledger_snapshot_write_s_per_100k']:.2f} s per 100k files at shutdown; "
-                  + ("within" if row["ledger_snapshot_within_cap"] else "over")
-                  + f" the tier's cap at this budget ({row['ledger_snapshot_cap_bytes']:,} "
-                  "bytes, a sixteenth of the ledger's reserve)"
-                  + ("" if row["ledger_snapshot_within_cap"] else
-                     ": with these 4 KiB sections a tier would not write it and would replay "
-                     "the journal (the last line); sections of 512 KiB and more always fit")
-                  + ".")
+                  f"{row['ledger_snapshot']}): "
+                  + _snapshot_size(row, "ledger_snapshot", " at shutdown", "a sixteenth",
+                                   "replay the journal (the last line); sections of 512 KiB "
+                                   "and more always fit"))
     return ["### Disk budget: a tier's start over a full root", "",
             f"{target}{row['label']}, packed files of {row['keys_per_file']} sections "
             f"({row['file_bytes']:,} bytes), {row['scaling']}; {row['filesystem']}; "
