@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -307,3 +308,57 @@ def test_the_module_refuses_to_import_when_its_structs_differ_from_the_reference
 def test_read_runs_counts_runs_of_consecutive_positions() -> None:
     assert R.read_runs([0, 1, 2, 5]) == 2 and R.read_runs([3]) == 1 and R.read_runs([]) == 0
     assert R.read_runs([5, 0, 1, 1]) == 2, "unordered, repeated positions"
+
+
+def _short(real: Any, limit: int, *, from_offset: int = 0) -> Any:
+    """``real`` (``os.writev``, ``os.pwritev`` or ``os.preadv``) moving at most ``limit``
+    bytes a call, as a call interrupted by a signal may: at offsets of ``from_offset`` or
+    more (a short read of the header is a truncated file, which has its own tests)."""
+
+    calls = [0]
+
+    def call(fd: int, buffers: list[Any], *offset: int) -> int:
+        calls[0] += 1
+        assert calls[0] < 10_000, "the loop made no progress: a short call's bytes not consumed"
+        if offset and offset[0] < from_offset:
+            return int(real(fd, buffers, *offset))
+        cut, left = [], limit
+        for b in buffers:
+            view = memoryview(b).cast("B")
+            if left <= 0:
+                break
+            cut.append(view[:left])
+            left -= len(cut[-1])
+        return int(real(fd, cut, *offset))
+
+    return call
+
+
+@pytest.mark.parametrize("limit", [1000, R.PAGE + 1])
+def test_short_writes_and_reads_still_move_every_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: int
+) -> None:
+    """A vectored write or read may move fewer bytes than asked: each loop resumes where
+    the last call stopped, so the one-task store, the store in parts (``pwritev`` at
+    offsets) and the load produce the bytes of calls that move everything."""
+    payloads = _payloads()
+    whole = tmp_path / "whole.kvp"
+    P.store_packed(str(whole), KEYS, payloads, _io())
+    monkeypatch.setattr(os, "writev", _short(os.writev, limit))
+    monkeypatch.setattr(os, "pwritev", _short(os.pwritev, limit))
+    monkeypatch.setattr(os, "preadv", _short(os.preadv, limit, from_offset=R.PAGE))
+    one = tmp_path / "one" / "whole.kvp"
+    one.parent.mkdir()
+    P.store_packed(str(one), KEYS, payloads, _io())
+    plan = P.plan_packed(KEYS, [len(p) for p in payloads])
+    parts = tmp_path / "parts" / "whole.kvp"
+    parts.parent.mkdir()
+    temp = P.open_packed_temp(str(parts), plan, _io())
+    sums = (P.write_packed_range(temp, plan, 0, payloads[:1], _io())
+            + P.write_packed_range(temp, plan, 1, payloads[1:], _io()))
+    P.finish_packed_temp(temp, plan, sums, _io())
+    assert one.read_bytes() == whole.read_bytes()
+    assert parts.read_bytes() == whole.read_bytes()
+    failed, got = _load(str(one), KEYS, _io())
+    assert failed == {}
+    assert [got[k] for k in KEYS] == [bytes(p) for p in payloads]

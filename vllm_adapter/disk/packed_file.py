@@ -443,18 +443,28 @@ def read_packed_index(
 # ---------------------------------------------------------------------------
 
 
-def _writev_all(fd: int, buffers: list[memoryview]) -> None:
+def _consume(buffers: list[memoryview], n: int) -> None:
+    """Drop the first ``n`` bytes of ``buffers``: what a short read or write has moved."""
+    while buffers and n >= len(buffers[0]):
+        n -= len(buffers[0])
+        buffers.pop(0)
+    if buffers and n:
+        buffers[0] = buffers[0][n:]
+
+
+def _write_all(fd: int, buffers: list[memoryview], offset: int | None = None) -> None:
+    """Write every byte of ``buffers``, ``_IOV_MAX`` at a time, looping while short: at the
+    file's position (``writev``) or at ``offset`` (``pwritev``)."""
+    at = offset
     for start in range(0, len(buffers), _IOV_MAX):
         batch = buffers[start : start + _IOV_MAX]
         while batch:
-            n = os.writev(fd, batch)
+            n = os.writev(fd, batch) if at is None else os.pwritev(fd, batch, at)
             if n <= 0:
                 raise OSError(28, "write made no progress")  # ENOSPC
-            while batch and n >= len(batch[0]):
-                n -= len(batch[0])
-                batch.pop(0)
-            if batch and n:
-                batch[0] = batch[0][n:]
+            if at is not None:
+                at += n
+            _consume(batch, n)
 
 
 _local = threading.local()
@@ -493,7 +503,7 @@ def store_packed(
     written: list[os.stat_result] = []
 
     def write(fd: int) -> None:
-        _writev_all(fd, buffers)
+        _write_all(fd, buffers)
         written.append(os.fstat(fd))
 
     write_atomically(path, io, write, direct=padded, tmp=tmp)
@@ -574,22 +584,6 @@ def open_packed_temp(path: str, plan: PackedPlan, io: ChunkIO,
     return PackedTemp(path, tmp, fd)
 
 
-def _pwritev_all(fd: int, buffers: list[memoryview], offset: int) -> None:
-    at = offset
-    for start in range(0, len(buffers), _IOV_MAX):
-        batch = buffers[start : start + _IOV_MAX]
-        while batch:
-            n = os.pwritev(fd, batch, at)
-            if n <= 0:
-                raise OSError(28, "write made no progress")  # ENOSPC
-            at += n
-            while batch and n >= len(batch[0]):
-                n -= len(batch[0])
-                batch.pop(0)
-            if batch and n:
-                batch[0] = batch[0][n:]
-
-
 def _payload_buffers(payloads: Sequence[memoryview]) -> list[memoryview]:
     """The payloads as bytes, each padded with zeros to a page boundary."""
     buffers: list[memoryview] = []
@@ -609,7 +603,7 @@ def write_packed_range(
         raise ValueError("the payloads' lengths are not the plan's")
     sums = [payload_digest(io.checksum, p) for p in payloads]
     if payloads:
-        _pwritev_all(temp.fd, _payload_buffers(payloads), plan.offsets[first])
+        _write_all(temp.fd, _payload_buffers(payloads), plan.offsets[first])
     return sums
 
 
@@ -621,7 +615,7 @@ def finish_packed_temp(
     (:func:`store_packed`'s).  Any failure removes the temporary file and raises."""
     try:
         head = encode_header(plan.keys, plan.lengths, sums, io)
-        _pwritev_all(temp.fd, [memoryview(head)], 0)
+        _write_all(temp.fd, [memoryview(head)], 0)
         if io.fsync:
             os.fsync(temp.fd)
         st = os.fstat(temp.fd)
@@ -701,11 +695,7 @@ def _read_run(fd: int, run: list[tuple[Section, memoryview]], preadv: Preadv) ->
         if n <= 0:
             break
         total += n
-        while buffers and n >= len(buffers[0]):
-            n -= len(buffers[0])
-            buffers.pop(0)
-        if buffers and n:
-            buffers[0] = buffers[0][n:]
+        _consume(buffers, n)
     return total
 
 
