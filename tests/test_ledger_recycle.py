@@ -13,6 +13,7 @@ order are the state machine's (``tests/test_ledger_state_machine.py``:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -158,6 +159,25 @@ def _io() -> C.ChunkIO:
 FILE_BYTES = P.plan_packed(KEYS, [ROW] * len(KEYS)).file_bytes
 
 
+def _fresh_and_recycled(tmp_path: Path, suffix: str, old_bytes: int,
+                        write: Callable[[str, str | None], object]) -> dict[str, bytes]:
+    """The file ``write(path, tmp)`` stores into a new temporary file (``fresh``) and over
+    a recycled one holding ``old_bytes`` random bytes (``recycled``, which must keep the
+    victim's inode)."""
+    files = {}
+    for name, recycled in (("fresh", False), ("recycled", True)):
+        path = str(tmp_path / f"{name}{suffix}")
+        tmp = C.temp_path(path) if recycled else None
+        if tmp is not None:
+            Path(tmp).write_bytes(os.urandom(old_bytes))
+            inode = os.stat(tmp).st_ino
+        write(path, tmp)
+        if tmp is not None:
+            assert os.stat(path).st_ino == inode, "the victim's inode was not reused"
+        files[name] = Path(path).read_bytes()
+    return files
+
+
 @pytest.mark.parametrize("old_bytes", [0, 3 * P.PAGE, FILE_BYTES])
 @pytest.mark.parametrize("way", ["one write", "in parts"])
 def test_a_packed_file_written_over_a_recycled_one_equals_a_fresh_one(
@@ -166,24 +186,18 @@ def test_a_packed_file_written_over_a_recycled_one_equals_a_fresh_one(
     trace: the file, header and sections, equals the one written into a new temporary file,
     and its inode is the victim's."""
     payloads = [memoryview(bytearray(os.urandom(ROW))) for _ in KEYS]
-    files = {}
-    for name, recycled in (("fresh", False), ("recycled", True)):
-        path = str(tmp_path / f"{name}.kvp")
-        tmp = C.temp_path(path) if recycled else None
-        if tmp is not None:
-            Path(tmp).write_bytes(os.urandom(old_bytes))
-            inode = os.stat(tmp).st_ino
+
+    def write(path: str, tmp: str | None) -> None:
         if way == "one write":
             P.store_packed(path, KEYS, payloads, _io(), tmp)
-        else:
-            plan = P.plan_packed(KEYS, [ROW] * len(KEYS))
-            temp = P.open_packed_temp(path, plan, _io(), tmp)
-            sums = P.write_packed_range(temp, plan, 2, payloads[2:], _io())
-            sums = P.write_packed_range(temp, plan, 0, payloads[:2], _io()) + sums
-            P.finish_packed_temp(temp, plan, sums, _io())
-        if tmp is not None:
-            assert os.stat(path).st_ino == inode
-        files[name] = Path(path).read_bytes()
+            return
+        plan = P.plan_packed(KEYS, [ROW] * len(KEYS))
+        temp = P.open_packed_temp(path, plan, _io(), tmp)
+        sums = P.write_packed_range(temp, plan, 2, payloads[2:], _io())
+        sums = P.write_packed_range(temp, plan, 0, payloads[:2], _io()) + sums
+        P.finish_packed_temp(temp, plan, sums, _io())
+
+    files = _fresh_and_recycled(tmp_path, ".kvp", old_bytes, write)
     assert len(files["recycled"]) == len(files["fresh"]) >= old_bytes
     assert files["recycled"] == files["fresh"]
 
@@ -192,14 +206,8 @@ def test_a_packed_file_written_over_a_recycled_one_equals_a_fresh_one(
 def test_a_chunk_file_written_over_a_recycled_one_equals_a_fresh_one(
         tmp_path: Path, old_bytes: int) -> None:
     payload = memoryview(bytearray(os.urandom(ROW)))
-    files = {}
-    for name, recycled in (("fresh", False), ("recycled", True)):
-        path = str(tmp_path / f"{name}.kv")
-        tmp = C.temp_path(path) if recycled else None
-        if tmp is not None:
-            Path(tmp).write_bytes(os.urandom(old_bytes))
-        C.store_chunk(path, payload, b"k" * 36, _io(), tmp)
-        files[name] = Path(path).read_bytes()
+    files = _fresh_and_recycled(
+        tmp_path, ".kv", old_bytes, lambda path, tmp: C.store_chunk(path, payload, b"k" * 36, _io(), tmp))
     assert files["recycled"] == files["fresh"]
 
 
