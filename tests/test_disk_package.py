@@ -55,3 +55,16 @@ def test_the_old_spec_module_path_still_serves_and_warns() -> None:
     assert old.KvchunkTieringOffloadingSpec is new.KvchunkTieringOffloadingSpec
     assert any(issubclass(w.category, DeprecationWarning) and "vllm_adapter.disk" in str(w.message)
                for w in caught)
+
+
+def test_the_package_s_table_names_each_of_its_modules_once() -> None:
+    """The cut in ``vllm_adapter/disk/__init__.py``'s docstring is the package's map: a
+    module added or removed changes the table too."""
+    import re
+
+    import vllm_adapter.disk as D
+
+    doc = D.__doc__ or ""
+    named = re.findall(r"^``(\w+)``  ", doc, flags=re.MULTILINE)
+    on_disk = sorted(p.stem for p in Path(D.__file__).parent.glob("*.py") if p.stem != "__init__")
+    assert sorted(named) == on_disk

@@ -19,6 +19,7 @@ from conformance.harness import packed_faults as PF
 from reference import packed as R
 from vllm_adapter.disk import chunk_file as C
 from vllm_adapter.disk import packed_file as P
+from vllm_adapter.disk import packed_header as PH
 
 NS = bytes(range(16))
 ROW = 2 * R.PAGE
@@ -286,14 +287,14 @@ def test_a_written_header_has_the_reference_layout_byte_for_byte(tmp_path: Path)
 def test_the_module_refuses_to_import_when_its_structs_differ_from_the_reference(
     monkeypatch: pytest.MonkeyPatch, constant: str
 ) -> None:
-    """The import-time check (``packed_file`` asserts its structs' sizes against the
+    """The import-time check (``packed_header`` asserts its structs' sizes against the
     reference's constants): the module imported afresh under a reference that says one
     byte more fails; under the reference as it is, it imports."""
     import importlib.util
     import sys
 
     def fresh_import() -> None:
-        spec = importlib.util.spec_from_file_location("_packed_file_probe", P.__file__)
+        spec = importlib.util.spec_from_file_location("_packed_header_probe", PH.__file__)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         monkeypatch.setitem(sys.modules, spec.name, module)

@@ -239,7 +239,7 @@ def _tampered(tier: Tier, path: str, field: slice) -> bytes:
     entries = []
     for name, identity, header_bytes, keys, fixed in tier.index.snapshot_entries(tier.root):
         if os.path.join(tier.root, name) == path:
-            size = P.ENTRY_FIXED_BYTES
+            size = R.ENTRY_FIXED_BYTES
             first, second = bytearray(fixed[:size]), bytearray(fixed[size : 2 * size])
             first[field], second[field] = second[field], first[field]
             fixed = bytes(first + second) + fixed[2 * size :]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from reference.packed import FIXED_HEADER_BYTES
 from vllm_adapter.disk import packed_file as P
+from vllm_adapter.disk import packed_header as PH
 from vllm_adapter.disk.chunk_file import digest
 
 __all__ = ["INDEX_FAULTS", "damage_index", "entries", "pack_entries", "rewrite_header"]
@@ -35,8 +36,8 @@ def entries(index: bytes) -> list[Entry]:
     out: list[Entry] = []
     at = 0
     while at < len(index):
-        fields: list[object] = list(P._ENTRY.unpack_from(index, at))
-        at += P._ENTRY.size
+        fields: list[object] = list(PH.ENTRY_STRUCT.unpack_from(index, at))
+        at += PH.ENTRY_STRUCT.size
         key_len = int(fields[0])  # type: ignore[call-overload]
         out.append([*fields, index[at : at + key_len]])
         at += key_len
@@ -44,23 +45,23 @@ def entries(index: bytes) -> list[Entry]:
 
 
 def pack_entries(items: Sequence[Entry]) -> bytes:
-    return b"".join(P._ENTRY.pack(*e[:5]) + bytes(e[5]) for e in items)  # type: ignore[call-overload]
+    return b"".join(PH.ENTRY_STRUCT.pack(*e[:5]) + bytes(e[5]) for e in items)  # type: ignore[call-overload]
 
 
 def rewrite_header(path: Path, edit: Edit) -> None:
     """Apply ``edit(fixed fields, entries)`` to a packed file's header and re-sign it."""
     raw = bytearray(path.read_bytes())
-    fixed = list(P._FIXED.unpack_from(raw, 0))
+    fixed = list(PH.FIXED_STRUCT.unpack_from(raw, 0))
     index = bytes(raw[FIXED_HEADER_BYTES : FIXED_HEADER_BYTES + int(fixed[5])])
     fields, items = edit(fixed, entries(index))
     new_index = pack_entries(items)
     fields[5] = len(new_index)
-    packed = P._FIXED.pack(*fields)
+    packed = PH.FIXED_STRUCT.pack(*fields)
     end = FIXED_HEADER_BYTES + len(new_index)
     if end > int(fields[3]):  # type: ignore[call-overload]
         raise ValueError("the edited index does not fit the header")
-    raw[: P._FIXED.size] = packed
-    raw[P._FIXED.size : FIXED_HEADER_BYTES] = digest(packed + new_index)
+    raw[: PH.FIXED_STRUCT.size] = packed
+    raw[PH.FIXED_STRUCT.size : FIXED_HEADER_BYTES] = digest(packed + new_index)
     raw[FIXED_HEADER_BYTES:end] = new_index
     path.write_bytes(raw)
 
@@ -104,5 +105,5 @@ def damage_index(paths: Sequence[Path], how: str) -> None:
 
 def entries_of(path: Path) -> list[Entry]:
     raw = path.read_bytes()
-    index_len = int(P._FIXED.unpack_from(raw, 0)[5])
+    index_len = int(PH.FIXED_STRUCT.unpack_from(raw, 0)[5])
     return entries(raw[FIXED_HEADER_BYTES : FIXED_HEADER_BYTES + index_len])

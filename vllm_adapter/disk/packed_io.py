@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from reference.packed import ENTRY_FIXED_BYTES
 from vllm_adapter.disk import packed_file as P
 from vllm_adapter.disk import packed_snapshot as PS
 from vllm_adapter.disk.chunk_file import ChunkFileError, ChunkIO, slices
@@ -347,7 +348,7 @@ class PackedIndex:
         """Write this index's snapshot (:func:`~vllm_adapter.disk.packed_snapshot.write_snapshot`):
         its bytes, or None when it would pass ``max_bytes`` (known without encoding it when
         its index entries alone would)."""
-        if max_bytes is not None and len(self) * P.ENTRY_FIXED_BYTES > max_bytes:
+        if max_bytes is not None and len(self) * ENTRY_FIXED_BYTES > max_bytes:
             return None
         return PS.write_snapshot(namespace_dir, io, self.snapshot_entries(namespace_dir),
                                  max_bytes)

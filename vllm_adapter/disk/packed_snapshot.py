@@ -66,6 +66,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from reference.packed import ENTRY_FIXED_BYTES
 from vllm_adapter.disk import packed_file as P
 from vllm_adapter.disk.chunk_file import CHECKSUMS, ChunkIO, digest, write_atomically
 
@@ -85,7 +86,7 @@ MAGIC = b"KVCSNAP\x00"
 VERSION = 1
 _HEAD = struct.Struct("<8sHHHH16sIQQ")
 _RECORD = struct.Struct("<IQQQq16s")
-_ENTRY = P.ENTRY_FIXED_BYTES
+_ENTRY = ENTRY_FIXED_BYTES
 _DIGEST = 16
 
 SnapshotEntry = tuple[str, P.FileIdentity, int, Sequence[bytes], bytes]
