@@ -181,7 +181,10 @@ def curve_points(candidate: Candidate) -> dict[str, tuple[float, float, int]]:
                     out[f"{curve.model} {curve.workload} {series} {p['budget_bytes']}"] = (
                         p["rule"]["hit_rate"], p["lru"]["hit_rate"],
                         p["rule"]["stranded_bytes"])
-        policy = RELEASES[installed_version()].policy
+        release = installed_version()
+        if release is None:
+            raise SystemExit("--curves needs vLLM installed (its release's rules)")
+        policy = RELEASES[release].policy
         for seed in TC.SEEDS:
             w = TC.drawn(seed)
             for frac in TC.FRACTIONS:
@@ -197,14 +200,15 @@ def curve_points(candidate: Candidate) -> dict[str, tuple[float, float, int]]:
 
 def compare_curves(names: list[str]) -> None:
     """:func:`curve_points` per candidate: the points behind LRU by more than half a point,
-    the points stranding, and each point a candidate changes against ``refuse``."""
-    base = curve_points(CANDIDATES["refuse"])
+    the points stranding, and, when ``refuse`` is among them, each point a candidate changes
+    against it."""
+    base = curve_points(CANDIDATES["refuse"]) if "refuse" in names else {}
     for name in names:
         points = base if name == "refuse" else curve_points(CANDIDATES[name])
         behind = [f"{k}: {r:.1%} vs LRU {lr:.1%}" for k, (r, lr, _) in points.items()
                   if r < lr - 0.005]
         strands = [k for k, (_, _, s) in points.items() if s]
-        changed = [f"{k}: {points[k][0]:.1%} vs refuse's {base[k][0]:.1%}" for k in points
+        changed = [f"{k}: {points[k][0]:.1%} vs refuse's {base[k][0]:.1%}" for k in base
                    if points[k][0] != base[k][0]]
         print(f"curves, {name}: {len(points)} points, {len(behind)} behind LRU by more than "
               f"half a point, {len(strands)} stranding, {len(changed)} changed against refuse")
