@@ -221,8 +221,15 @@ TRAILS_LRU_ON_SOME_DRAWS = pytest.mark.xfail(strict=KNOWN_STRICT, raises=Asserti
     "LRU's and REFUSE's 7.4%), the head cut back to its deepest whole boundary (19 / 10; "
     "-22.7 / -14.6), and a store not writing the window keys of a boundary it passes itself, "
     "one prefix only (2 / 2; -13.2 / -14.6: fixes (27) on 0.34.0 but DeepSeek-V4 "
-    "drawn_workload(27) at 1/8 falls to 0.0% vs 13.2%; no change on 0.33.0).  Remove this "
-    "mark once the rule is fixed."))
+    "drawn_workload(27) at 1/8 falls to 0.0% vs 13.2%; no change on 0.33.0), a completed "
+    "store refreshing its whole prefix, so the most recently extended tips go last (2 / 2; "
+    "-6.2 / -14.6: the same four draws; gemma drawn_workload(17) at 5/8 falls from 58.4% to "
+    "50.8% on both releases), and a unit holding a branch boundary's windows taken last, for "
+    "a release writing no junction (4 / 3; -24.9 / -24.9: fixes (27) on 0.34.0 only, puts "
+    "gemma drawn_workload(28) behind on both releases, (26) and DeepSeek-V4 "
+    "drawn_workload(33) on 0.34.0) "
+    "(scripts/eviction_draws.py --candidates refuse prefix-recency branch-windows-last).  "
+    "Remove this mark once the rule is fixed."))
 
 
 @pytest.mark.parametrize("fixture", FIXTURES)
