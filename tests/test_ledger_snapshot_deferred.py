@@ -74,8 +74,8 @@ def _forged(data: bytes, change: Any) -> bytes:
 
 
 def _one_more_file(state: list[Any]) -> None:
-    ns, binding, files, nbytes, blob = state[3][0]
-    state[3][0] = (ns, binding, files + 1, nbytes, blob)
+    ns, binding, files, nbytes, stranded, blob = state[3][0]
+    state[3][0] = (ns, binding, files + 1, nbytes, stranded, blob)
 
 
 def _a_written_file_pending(state: list[Any]) -> None:
@@ -83,8 +83,8 @@ def _a_written_file_pending(state: list[Any]) -> None:
 
 
 def _a_disk_of_other_bytes(state: list[Any]) -> None:
-    ns, binding, files, nbytes, blob = state[3][0]
-    state[3][0] = (ns, binding, files, nbytes + 1, blob)
+    ns, binding, files, nbytes, stranded, blob = state[3][0]
+    state[3][0] = (ns, binding, files, nbytes + 1, stranded, blob)
 
 
 def test_a_namespace_that_does_not_hold_is_refused_at_the_load(tmp_path: Path) -> None:
@@ -110,6 +110,38 @@ def test_a_namespace_that_does_not_hold_is_refused_when_it_is_built(tmp_path: Pa
         fast.model()
     with pytest.raises(LS.Damaged):  # and again: never half built
         fast.model()
+
+
+def test_the_stranded_gauge_after_a_start_builds_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's scheduler thread asks for the stranded bytes (``peek``): an unbuilt namespace
+    answers what it held when the snapshot was written, without a build; once built, what
+    its model says."""
+    from vllm_adapter.disk.ledger_model import Namespace
+
+    monkeypatch.setattr(Namespace, "stranded_bytes", lambda self: 4096)  # stranded when saved
+    _saved_with_a_pending_file(tmp_path)
+    monkeypatch.undo()
+    later = Engine(tmp_path, "later")
+    assert later.ledger.snapshot_start == "used"
+    peeked = later.ledger.peek(stranded=True)
+    assert peeked is not None and peeked["stranded_bytes"] == 4096
+    assert _unbuilt(later.ledger), "the gauge built a namespace"
+    later.ledger.model()
+    assert later.ledger.stranded_bytes() == RootLedger.replayed(str(tmp_path)).stranded_bytes()
+
+
+def test_a_namespace_claiming_more_stranded_than_its_bytes_is_refused_at_the_load(
+        tmp_path: Path) -> None:
+    _saved_with_a_pending_file(tmp_path)
+    path = tmp_path / LS.SNAPSHOT_FILE
+
+    def more_stranded_than_held(state: list[Any]) -> None:
+        ns, binding, files, nbytes, _, blob = state[3][0]
+        state[3][0] = (ns, binding, files, nbytes, nbytes + 1, blob)
+
+    path.write_bytes(_forged(path.read_bytes(), more_stranded_than_held))
+    assert_snapshot_start_is_a_replay(tmp_path, "damaged")
 
 
 @pytest.mark.parametrize("version", [LS.VERSION - 1, LS.VERSION + 1])

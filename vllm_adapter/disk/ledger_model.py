@@ -100,6 +100,18 @@ class Namespace:
         """File ``fid`` is written (False: reserved, being written)."""
         return self.disk.files[fid].ready
 
+    def stranded_bytes(self) -> int:
+        """Bytes of its files whose every key is stranded, plus each partly stranded file's
+        share."""
+        stranded = self.disk.stranded()
+        total = 0
+        for f in self.disk.files.values():
+            if f.keys and stranded.issuperset(f.keys):
+                total += f.nbytes
+            elif f.keys:
+                total += f.nbytes * sum(k in stranded for k in f.keys) // len(f.keys)
+        return total
+
 
 class DeferredNamespace(Namespace):
     """A namespace loaded from the ledger's snapshot whose structure, Disk and paths are
@@ -112,9 +124,14 @@ class DeferredNamespace(Namespace):
     eviction, a read of a file's keys -- builds it once, under the caller's lock."""
 
     def __init__(self, build: Callable[[], Namespace], file_bytes: int,
-                 chunking: Chunking | None, pending: frozenset[int], source: bytes) -> None:
+                 chunking: Chunking | None, pending: frozenset[int], source: bytes,
+                 stranded_bytes: int = 0) -> None:
         self._build: Callable[[], Namespace] | None = build
         self._bytes = file_bytes
+        self._stranded = stranded_bytes
+        """Its stranded bytes when the snapshot was written: unbuilt, nothing changed them
+        (a record naming the namespace builds it), so vLLM's scheduler thread, which asks
+        for them (:meth:`LedgerModel.peek`), never pays a build."""
         self._chunking = chunking
         self._pending = pending
         """Fids of the namespace's files pending when the snapshot was written."""
@@ -143,6 +160,9 @@ class DeferredNamespace(Namespace):
 
     def is_ready(self, fid: int) -> bool:
         return fid not in self._pending if self._build is not None else super().is_ready(fid)
+
+    def stranded_bytes(self) -> int:
+        return self._stranded if self._build is not None else super().stranded_bytes()
 
 
 @dataclass
@@ -262,15 +282,7 @@ class LedgerModel:
     def stranded_bytes(self) -> int:
         """Bytes of files whose every key is stranded, plus each partly stranded file's share."""
         with self._thread_lock:
-            total = 0
-            for space in self._spaces.values():
-                stranded = space.disk.stranded()
-                for f in space.disk.files.values():
-                    if f.keys and stranded.issuperset(f.keys):
-                        total += f.nbytes
-                    elif f.keys:
-                        total += f.nbytes * sum(k in stranded for k in f.keys) // len(f.keys)
-            return total
+            return sum(space.stranded_bytes() for space in self._spaces.values())
 
     # -- applying records -------------------------------------------------------
 

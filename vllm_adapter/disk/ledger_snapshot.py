@@ -47,8 +47,10 @@ payload, most of a start's time: 2 s per 100k files to decode and build) are one
 the totals recomputed; the key collections' own items are not checked one by one: see
 :func:`_keys`) by the first operation that reads them: a store, an eviction, a read of a
 file's keys, the journal's tail when it names the namespace.  A start needs only what the
-load installs: the reservations, each namespace's bytes and chunking, and which files are
-written (those not pending: the build checks each record agrees).  A build whose fields do
+load installs: the reservations, each namespace's bytes, stranded bytes and chunking, and
+which files are written (those not pending: the build checks each record agrees).  The
+stranded bytes are the namespace's when the snapshot was written (nothing changes them while
+it is unbuilt), so the gauge vLLM's scheduler thread reads never pays a build.  A build whose fields do
 not hold raises :class:`Damaged` from that operation and leaves the namespace unbuilt; the
 payload's digest was checked at the load, so only a payload forged with its digest gets
 there.  A snapshot written while a namespace is unbuilt writes its blob again.
@@ -214,7 +216,8 @@ def encode(model: LedgerModel, journal: bytes | memoryview, verified: bool = Fal
     files = collections.Counter(r.ns for r in model._res.values())
     for ns, space in model._spaces.items():
         spaces.append((names.setdefault(ns, ns), chunking_binding(model._chunkings.get(ns)),
-                       files[ns], space.file_bytes(), namespace_blob(space)))
+                       files[ns], space.file_bytes(), space.stranded_bytes(),
+                       namespace_blob(space)))
     res = list(model._res.values())
     columns = (list(model._res), [r.rid for r in res], [names.setdefault(r.ns, r.ns) for r in res],
                [r.fid for r in res], [names.setdefault(r.owner, r.owner) for r in res],
@@ -365,9 +368,10 @@ def _install(model: LedgerModel, state: Any, length: int) -> str:
     _check((budget is None or type(budget) is int) and type(clock) is int
            and type(skipped) is int and type(columns) is tuple and len(columns) == 6)
     for entry in _of(spaces, tuple):
-        _check(len(entry) == 5 and type(entry[0]) is str and type(entry[2]) is int
-               and type(entry[3]) is int and min(entry[2], entry[3]) >= 0
-               and type(entry[4]) is bytes)
+        _check(len(entry) == 6 and type(entry[0]) is str and type(entry[2]) is int
+               and type(entry[3]) is int and type(entry[4]) is int
+               and min(entry[2], entry[3], entry[4]) >= 0 and entry[4] <= entry[3]
+               and type(entry[5]) is bytes)
         if entry[1] != chunking_binding(model._chunkings.get(entry[0])):
             return "chunking"
     paths, rids, nss, fids, owners, line_bytes = columns
@@ -384,12 +388,12 @@ def _install(model: LedgerModel, state: Any, length: int) -> str:
     _check(len(res) == len(paths) == len(by_rid) and len(files) == len(spaces)
            and collections.Counter(nss) == {ns: n for ns, n in files.items() if n}
            and set(_of(pending, str)) <= res.keys())
-    for ns, _, count, nbytes, blob in spaces:
+    for ns, _, count, nbytes, stranded, blob in spaces:
         chunking = model._chunkings.get(ns)
         waiting = frozenset(res[p].fid for p in pending if res[p].ns == ns)
         build = functools.partial(_build, ns, chunking, blob, count, nbytes, waiting,
                                   paths, nss, fids)
-        model._spaces[ns] = DeferredNamespace(build, nbytes, chunking, waiting, blob)
+        model._spaces[ns] = DeferredNamespace(build, nbytes, chunking, waiting, blob, stranded)
     model._res = res
     model._by_rid = by_rid
     model._pending = set(pending)
