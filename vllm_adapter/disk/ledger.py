@@ -236,7 +236,7 @@ class RootLedger(LedgerModel):
         with self._thread_lock:
             self._chunkings[ns] = chunking
         with self._locked():
-            if self._spaces.get(ns) is not None and self._spaces[ns].structure.chunking is None:
+            if self._spaces.get(ns) is not None and self._spaces[ns].chunking() is None:
                 self._replay_all()
 
     @contextlib.contextmanager

@@ -15,7 +15,7 @@ import contextlib
 import errno
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +88,82 @@ class Namespace:
     disk: Disk
     path_of: dict[int, str] = field(default_factory=dict)
 
+    def file_bytes(self) -> int:
+        """Bytes of the namespace's files (reservations included)."""
+        return self.disk.bytes
+
+    def chunking(self) -> Chunking | None:
+        """The chunking its structure judges prefixes with (None: not known yet)."""
+        return self.structure.chunking
+
+    def is_ready(self, fid: int) -> bool:
+        """File ``fid`` is written (False: reserved, being written)."""
+        return self.disk.files[fid].ready
+
+    def stranded_bytes(self) -> int:
+        """Bytes of its files whose every key is stranded, plus each partly stranded file's
+        share."""
+        stranded = self.disk.stranded()
+        total = 0
+        for f in self.disk.files.values():
+            if f.keys and stranded.issuperset(f.keys):
+                total += f.nbytes
+            elif f.keys:
+                total += f.nbytes * sum(k in stranded for k in f.keys) // len(f.keys)
+        return total
+
+
+class DeferredNamespace(Namespace):
+    """A namespace loaded from the ledger's snapshot whose structure, Disk and paths are
+    built on first access (``build``: :mod:`vllm_adapter.disk.ledger_snapshot`'s, which
+    checks them and raises its ``Damaged`` when the payload's fields do not hold).
+
+    A start reads the few things it needs without them: the namespace's bytes, its
+    chunking, which files are written (a file is written when its path is not pending:
+    the build checks that each record agrees).  Anything else -- the first store, an
+    eviction, a read of a file's keys -- builds it once, under the caller's lock."""
+
+    def __init__(self, build: Callable[[], Namespace], file_bytes: int,
+                 chunking: Chunking | None, pending: frozenset[int], source: bytes,
+                 stranded_bytes: int = 0) -> None:
+        self._build: Callable[[], Namespace] | None = build
+        self._bytes = file_bytes
+        self._stranded = stranded_bytes
+        """Its stranded bytes when the snapshot was written: unbuilt, nothing changed them
+        (a record naming the namespace builds it), so vLLM's scheduler thread, which asks
+        for them (:meth:`LedgerModel.peek`), never pays a build."""
+        self._chunking = chunking
+        self._pending = pending
+        """Fids of the namespace's files pending when the snapshot was written."""
+        self.source = source
+        """The payload's bytes it is built from (a snapshot written while it is not built
+        writes them again: nothing changed it)."""
+
+    @property
+    def built(self) -> bool:
+        return self._build is None
+
+    def __getattr__(self, name: str) -> Any:
+        build = self.__dict__.get("_build")
+        if name not in ("structure", "disk", "path_of") or build is None:
+            raise AttributeError(name)
+        space = build()
+        self.__dict__.update(structure=space.structure, disk=space.disk, path_of=space.path_of)
+        self._build = None
+        return self.__dict__[name]
+
+    def file_bytes(self) -> int:
+        return self._bytes if self._build is not None else self.disk.bytes
+
+    def chunking(self) -> Chunking | None:
+        return self._chunking if self._build is not None else self.structure.chunking
+
+    def is_ready(self, fid: int) -> bool:
+        return fid not in self._pending if self._build is not None else super().is_ready(fid)
+
+    def stranded_bytes(self) -> int:
+        return self._stranded if self._build is not None else super().stranded_bytes()
+
 
 @dataclass
 class Reservation:
@@ -151,12 +227,13 @@ class LedgerModel:
     @property
     def total_bytes(self) -> int:
         """Bytes of the files the ledger holds (reservations included)."""
-        return sum(s.disk.bytes for s in self._spaces.values())
+        return sum(s.file_bytes() for s in self._spaces.values())
 
     def files(self, ns: str | None = None) -> dict[str, bool]:
         """Path -> written (False: reserved, being written) of the files the ledger holds."""
         with self._thread_lock:
-            return {p: self._spaces[r.ns].disk.files[r.fid].ready
+            spaces = self._spaces
+            return {p: spaces[r.ns].is_ready(r.fid)
                     for p, r in self._res.items() if ns is None or r.ns == ns}
 
     def entry(self, path: str) -> tuple[tuple[bytes, ...], int, bool, str] | None:
@@ -205,15 +282,7 @@ class LedgerModel:
     def stranded_bytes(self) -> int:
         """Bytes of files whose every key is stranded, plus each partly stranded file's share."""
         with self._thread_lock:
-            total = 0
-            for space in self._spaces.values():
-                stranded = space.disk.stranded()
-                for f in space.disk.files.values():
-                    if f.keys and stranded.issuperset(f.keys):
-                        total += f.nbytes
-                    elif f.keys:
-                        total += f.nbytes * sum(k in stranded for k in f.keys) // len(f.keys)
-            return total
+            return sum(space.stranded_bytes() for space in self._spaces.values())
 
     # -- applying records -------------------------------------------------------
 
@@ -353,7 +422,7 @@ class LedgerModel:
             if path not in self._res:
                 self._event(ns, path, False)
         for path, r in self._res.items():
-            if path not in before and self._spaces[r.ns].disk.files[r.fid].ready:
+            if path not in before and self._spaces[r.ns].is_ready(r.fid):
                 self._event(r.ns, path, True)
 
     def _replay_whole(self, data: bytes) -> None:

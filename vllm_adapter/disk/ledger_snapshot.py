@@ -30,16 +30,30 @@ of the journal, so it is in the model).
 **How a start trusts it** (:func:`load`): the file is checked whole (magic, version, its
 length, the XXH3-128 digest of its payload), then the binding against the journal now on
 disk (``L`` at most its length, at a line's end, the digest of its first ``L`` bytes), then
-each namespace's chunking; then the payload is read and checked as it is installed (the
-type of every field, every size, id and count; the totals recomputed; the key
-collections' own items are not checked one by one: see :func:`_keys`).  Anything else --
-missing, damaged, stale, another version or chunking, any error reading it -- and the
-journal is replayed whole, as without a snapshot;
-:attr:`~vllm_adapter.disk.ledger_model.LedgerModel.snapshot_start` says which (``used`` or
-why not) and the budget counters count both.  A snapshot never makes a model a full
-replay would not: it is the full replay's state, bound to the bytes it was replayed from
-(``tests/test_ledger_snapshot.py`` checks it field by field after random runs of every
-operation, a crash at each step of writing it, and another engine appending).
+each namespace's chunking; then the reservations and totals are read and checked as they
+are installed (the type of every field, every size, id and count, each namespace's files
+counted against the reservations).  Anything else -- missing, damaged, stale, another
+version or chunking, any error reading it -- and the journal is replayed whole, as without
+a snapshot; :attr:`~vllm_adapter.disk.ledger_model.LedgerModel.snapshot_start` says which
+(``used`` or why not) and the budget counters count both.  A snapshot never makes a model
+a full replay would not: it is the full replay's state, bound to the bytes it was replayed
+from (``tests/test_ledger_snapshot.py`` checks it field by field after random runs of
+every operation, a crash at each step of writing it, and another engine appending).
+
+**Each namespace is built on first need** (:class:`~vllm_adapter.disk.ledger_model.DeferredNamespace`,
+``tests/test_ledger_snapshot_deferred.py``): its prefix structure and Disk (most of the
+payload, most of a start's time: 2 s per 100k files to decode and build) are one
+:mod:`marshal` blob of their own, decoded and built (:func:`_build`, every field checked,
+the totals recomputed; the key collections' own items are not checked one by one: see
+:func:`_keys`) by the first operation that reads them: a store, an eviction, a read of a
+file's keys, the journal's tail when it names the namespace.  A start needs only what the
+load installs: the reservations, each namespace's bytes, stranded bytes and chunking, and
+which files are written (those not pending: the build checks each record agrees).  The
+stranded bytes are the namespace's when the snapshot was written (nothing changes them while
+it is unbuilt), so the gauge vLLM's scheduler thread reads never pays a build.  A build whose fields do
+not hold raises :class:`Damaged` from that operation and leaves the namespace unbuilt; the
+payload's digest was checked at the load, so only a payload forged with its digest gets
+there.  A snapshot written while a namespace is unbuilt writes its blob again.
 
 **Sizes at a start** (:meth:`~vllm_adapter.disk.ledger.RootLedger._reconcile_sizes`): a
 start from a snapshot the shutdown wrote does not ``stat`` the files the snapshot holds
@@ -52,20 +66,23 @@ something other than kvchunk between a shutdown and the next start (while engine
 nothing checks that either; the index's snapshot is validated against a listing of names
 only, each load checks its file's identity).
 
-**The format**: nothing is pickled (the root may be shared): the payload is
-:mod:`marshal` of plain types only (ints, bytes, str, tuples, lists, frozensets, None),
-which builds no object but those and runs no code, and is read back field by field into
-the model's classes::
+**The format** (version 2; a snapshot of another version is not used): nothing is pickled
+(the root may be shared): the payload is :mod:`marshal` of plain types only (ints, bytes,
+str, tuples, lists, frozensets, None), which builds no object but those and runs no code,
+and is read back field by field into the model's classes::
 
     magic "KVCLSNAP" (8) | version (2) | marshal version (2) | flags (2): VERIFIED | L (8)
     | journal digest (16): XXH3-128 of the journal's first L bytes
     | payload bytes (8) | payload digest (16): XXH3-128 of the payload
-    | payload: marshal of (recorded budget, clock, skipped lines, namespaces, reservations,
-                           pending paths)
+    | payload: marshal of (recorded budget, clock, skipped lines,
+                           namespaces: [(name, chunking binding, files, bytes, blob)],
+                           reservations (columns: paths, rids, namespaces, fids, owners,
+                                         line bytes), pending paths)
+      blob: marshal of (prefix structure, Disk, the order of the namespace's fids)
 
 **Cost and bound**: about 100 bytes per key and 150 per file (the keys once each, the
-prefix structure's tables, the paths and ids): 1,127 bytes per file of the budget bench's
-11 keys, 1.27x its journal.  A tier writes it only when it fits :data:`RESERVE_SHARE` of
+prefix structure's tables, the paths and ids): 1,122 bytes per file of the budget bench's
+11 keys, 1.26x its journal.  A tier writes it only when it fits :data:`RESERVE_SHARE` of
 the ledger's reserve (an older one is removed then; a journal whose live records alone
 pass that share is not even replayed for it): the journal compacts at half the reserve,
 the quarantine keeps a quarter, the index snapshot an eighth, and this one takes a
@@ -73,12 +90,15 @@ sixteenth, so the root stays within ``disk_bytes_to_use``.  Sections of 512 KiB 
 always fit (per section, a sixteenth of the reserve is ``section bytes / 2048``); the
 budget bench's 4 KiB sections do not (the bench writes it without the cap and says by
 how much, as for the index snapshot).  Writing it costs a replay of the journal (from
-the current snapshot when that binds) and, at shutdown, one ``stat`` per file.
+the current snapshot when that binds: its namespaces the tail does not name are written
+again unbuilt) and, at shutdown, one ``stat`` per file.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import gc
 import glob
 import itertools
@@ -94,9 +114,10 @@ import xxhash
 from reference.eviction import Disk, EvictionRule
 from reference.knobs import Chunking
 from reference.prefix_structure import PrefixStructure
+from vllm_adapter.disk.ledger_model import DeferredNamespace
 
 if TYPE_CHECKING:
-    from vllm_adapter.disk.ledger_model import LedgerModel
+    from vllm_adapter.disk.ledger_model import LedgerModel, Namespace
 
 __all__ = [
     "RESERVE_SHARE",
@@ -116,7 +137,7 @@ PARTIAL_SUFFIX = ".writing"
 """A snapshot being written: ``kvchunk-ledger.snap.<owner>.writing``, renamed over
 :data:`SNAPSHOT_FILE` once whole (one left by a crash is removed by the next write)."""
 MAGIC = b"KVCLSNAP"
-VERSION = 1
+VERSION = 2
 MARSHAL_VERSION = 4
 RESERVE_SHARE = 16
 """The snapshot takes at most this share of the ledger's reserve (the module docstring)."""
@@ -173,22 +194,32 @@ def _structure_state(s: PrefixStructure, canon: dict[bytes, bytes]) -> tuple[Any
             _canon(canon, s.serves), [_canon(canon, b) for b in s.serves.values()])
 
 
+def namespace_blob(space: Namespace) -> bytes:
+    """One namespace's part of the payload: :mod:`marshal` of its prefix structure, its
+    Disk and the order of its paths (the paths themselves are the reservations')."""
+    if isinstance(space, DeferredNamespace) and not space.built:
+        return space.source  # loaded and never changed since: the bytes it was built from
+    if list(space.structure.full_at) != list(space.structure.windows_at):
+        raise ValueError("a prefix structure whose boundaries disagree: not snapshotted")
+    canon: dict[bytes, bytes] = {}
+    return marshal.dumps((_structure_state(space.structure, canon),
+                          _disk_state(space.disk, canon), list(space.path_of)), MARSHAL_VERSION)
+
+
 def encode(model: LedgerModel, journal: bytes | memoryview, verified: bool = False) -> bytes:
     """The snapshot file's bytes of ``model``, a fresh replay of ``journal`` (its first
     ``model._offset`` bytes, whole lines), with ``model._chunkings``' bindings;
     ``verified``: the writer found every written file's size equal to its record."""
     length = model._offset
-    canon: dict[bytes, bytes] = {}
     names: dict[str, str] = {}
     spaces = []
+    files = collections.Counter(r.ns for r in model._res.values())
     for ns, space in model._spaces.items():
-        if list(space.structure.full_at) != list(space.structure.windows_at):
-            raise ValueError("a prefix structure whose boundaries disagree: not snapshotted")
-        spaces.append((ns, chunking_binding(model._chunkings.get(ns)),
-                       _structure_state(space.structure, canon), _disk_state(space.disk, canon),
-                       list(space.path_of), [names.setdefault(p, p) for p in space.path_of.values()]))
+        spaces.append((names.setdefault(ns, ns), chunking_binding(model._chunkings.get(ns)),
+                       files[ns], space.file_bytes(), space.stranded_bytes(),
+                       namespace_blob(space)))
     res = list(model._res.values())
-    columns = ([names.setdefault(p, p) for p in model._res], [r.rid for r in res], [names.setdefault(r.ns, r.ns) for r in res],
+    columns = (list(model._res), [r.rid for r in res], [names.setdefault(r.ns, r.ns) for r in res],
                [r.fid for r in res], [names.setdefault(r.owner, r.owner) for r in res],
                [r.line_bytes for r in res])
     state = (model._recorded_budget, model._clock,
@@ -327,26 +358,22 @@ def load(model: LedgerModel, journal: bytes) -> str:
 
 
 def _install(model: LedgerModel, state: Any, length: int) -> str:
-    """Build ``model`` from a snapshot's payload, every field checked (Damaged: not)."""
-    from vllm_adapter.disk.ledger_model import Namespace, Reservation
+    """Install a snapshot's payload into ``model``: the reservations and totals checked and
+    built now, each namespace deferred (:class:`DeferredNamespace`, built by :func:`_build`
+    on first access).  Damaged: a field does not hold."""
+    from vllm_adapter.disk.ledger_model import Reservation
 
     _check(type(state) is tuple and len(state) == 6)
     budget, clock, skipped, spaces, columns, pending = state
     _check((budget is None or type(budget) is int) and type(clock) is int
            and type(skipped) is int and type(columns) is tuple and len(columns) == 6)
     for entry in _of(spaces, tuple):
-        _check(len(entry) == 6 and type(entry[0]) is str)
+        _check(len(entry) == 6 and type(entry[0]) is str and type(entry[2]) is int
+               and type(entry[3]) is int and type(entry[4]) is int
+               and min(entry[2], entry[3], entry[4]) >= 0 and entry[4] <= entry[3]
+               and type(entry[5]) is bytes)
         if entry[1] != chunking_binding(model._chunkings.get(entry[0])):
             return "chunking"
-    for ns, _, structure_state, disk_state, path_fids, path_names in spaces:
-        structure = PrefixStructure(model._chunkings.get(ns))
-        _fill_structure(structure, structure_state)
-        disk = Disk(structure)
-        _fill_disk(disk, disk_state)
-        _check(len(_counts(path_fids)) == len(_of(path_names, str)))
-        path_of = dict(zip(path_fids, path_names, strict=True))
-        _check(path_of.keys() == disk.files.keys())
-        model._spaces[ns] = Namespace(structure, disk, path_of)
     paths, rids, nss, fids, owners, line_bytes = columns
     _of(paths, str)
     _of(rids, str)
@@ -357,11 +384,16 @@ def _install(model: LedgerModel, state: Any, length: int) -> str:
     _check(len(paths) == len(rids) == len(nss) == len(fids) == len(owners) == len(line_bytes))
     res = dict(zip(paths, map(Reservation, rids, nss, fids, owners, line_bytes), strict=True))
     by_rid = dict(zip(rids, paths, strict=True))
-    spaces_of = model._spaces
-    _check(len(res) == len(paths) == len(by_rid)
-           and sum(len(s.disk.files) for s in spaces_of.values()) == len(paths)
-           and all(spaces_of[n].path_of[f] == p for p, n, f in zip(paths, nss, fids, strict=True))
+    files = {entry[0]: entry[2] for entry in spaces}
+    _check(len(res) == len(paths) == len(by_rid) and len(files) == len(spaces)
+           and collections.Counter(nss) == {ns: n for ns, n in files.items() if n}
            and set(_of(pending, str)) <= res.keys())
+    for ns, _, count, nbytes, stranded, blob in spaces:
+        chunking = model._chunkings.get(ns)
+        waiting = frozenset(res[p].fid for p in pending if res[p].ns == ns)
+        build = functools.partial(_build, ns, chunking, blob, count, nbytes, waiting,
+                                  paths, nss, fids)
+        model._spaces[ns] = DeferredNamespace(build, nbytes, chunking, waiting, blob, stranded)
     model._res = res
     model._by_rid = by_rid
     model._pending = set(pending)
@@ -371,6 +403,42 @@ def _install(model: LedgerModel, state: Any, length: int) -> str:
     if skipped:
         model.counters.add(journal_records_skipped=skipped)
     return "used"
+
+
+def _build(ns: str, chunking: Chunking | None, blob: bytes, count: int, nbytes: int,
+           waiting: frozenset[int], paths: list[str], nss: list[str],
+           fids: list[int]) -> Namespace:
+    """Namespace ``ns`` of a loaded snapshot, built from its part of the payload (``blob``)
+    and the reservations (its files' paths), every field checked against them: ``count``
+    files of ``nbytes`` bytes, those of ``waiting`` not written.  Damaged: one does not
+    hold (only a payload forged with its digest can: the digest was checked at the load)."""
+    from vllm_adapter.disk.ledger_model import Namespace
+
+    collecting = gc.isenabled()
+    gc.disable()  # millions of containers, none garbage: no collection pass over them
+    try:
+        state = marshal.loads(blob)
+        _check(type(state) is tuple and len(state) == 3)
+        structure_state, disk_state, order = state
+        structure = PrefixStructure(chunking)
+        _fill_structure(structure, structure_state)
+        disk = Disk(structure)
+        _fill_disk(disk, disk_state)
+        named = {f: p for p, n, f in zip(paths, nss, fids, strict=True) if n == ns}
+        _check(len(named) == count == len(_counts(order)) and named.keys() == disk.files.keys()
+               and disk.bytes == nbytes
+               and all(f.ready is (fid not in waiting) for fid, f in disk.files.items()))
+        path_of = {fid: named[fid] for fid in order}
+        _check(len(path_of) == count)
+    except Damaged:
+        raise
+    except (ValueError, TypeError, EOFError, KeyError, IndexError, AttributeError,
+            OverflowError) as e:
+        raise Damaged(f"the ledger snapshot's namespace {ns!r}: {e!r}") from e
+    finally:
+        if collecting:
+            gc.enable()
+    return Namespace(structure, disk, path_of)
 
 
 def _fill_structure(s: PrefixStructure, state: Any) -> None:
