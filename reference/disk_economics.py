@@ -380,6 +380,7 @@ def miss_ratio_curve(
     overflow: Overflow = Overflow.REFUSE,
     window_siblings: bool = False,
     windows_apart: bool = True,
+    load_split: LoadSplit | None = None,
 ) -> tuple[DiskEconomics, ...]:
     """:func:`disk_economics` at each of ``sizes`` (bytes; an int ``n``: ``n`` sizes evenly
     spaced up to the unbounded run's peak bytes, ``peak * k // n`` for ``k`` = 1..n, the
@@ -394,14 +395,16 @@ def miss_ratio_curve(
       evenly spaced in requests; a pickled copy: the run's objects are plain data).
 
     The GPU cache is cold (see :func:`scaled`).  ``admission``, ``overflow``,
-    ``window_siblings`` and ``windows_apart``: :class:`BudgetedIndex`'s options."""
+    ``window_siblings``, ``windows_apart`` and ``load_split``: :class:`BudgetedIndex`'s
+    options."""
     reqs = hashed(list(requests(workload)), chunking.tokens_per_hash)
     budget_of_run = workload.max_num_batched_tokens
 
     def new_index(size: int) -> BudgetedIndex:
         return BudgetedIndex(chunking, key_bytes, size, rule, layout, policy.window,
                              admission=admission, overflow=overflow,
-                             window_siblings=window_siblings, windows_apart=windows_apart)
+                             window_siblings=window_siblings, windows_apart=windows_apart,
+                             load_split=load_split)
 
     def result(engine: _Engine, index: BudgetedIndex, size: int | None,
                baseline_served: int) -> DiskEconomics:
@@ -438,6 +441,7 @@ def disk_economics(
     overflow: Overflow = Overflow.REFUSE,
     window_siblings: bool = False,
     windows_apart: bool = True,
+    load_split: LoadSplit | None = None,
 ) -> DiskEconomics:
     """Serve ``workload`` (GPU cache cold) over a disk of ``budget_bytes`` evicting by
     ``rule``: hits, files read, written and evicted, tokens recomputed for lack of space,
@@ -445,5 +449,6 @@ def disk_economics(
     :class:`BudgetedIndex`'s)."""
     (one,) = miss_ratio_curve(chunking, workload, (budget_bytes,), rule, key_bytes, layout, policy,
                               admission=admission, overflow=overflow,
-                              window_siblings=window_siblings, windows_apart=windows_apart)
+                              window_siblings=window_siblings, windows_apart=windows_apart,
+                              load_split=load_split)
     return one

@@ -610,11 +610,15 @@ def economics(
     workload: Workload,
     policy: Policy = Policy(),  # noqa: B008  (a frozen dataclass)
     file_bytes: Mapping[int, int] | int = 0,
+    *,
+    packed_loads: PackedLoads | None = None,
 ) -> Economics:
-    """Serve ``workload`` once under ``chunking`` and ``policy``: what the tier writes and reads."""
+    """Serve ``workload`` once under ``chunking`` and ``policy``: what the tier writes and
+    reads; ``packed_loads``: how the packed tier splits its load jobs (its opens and reads;
+    None: one task each)."""
     (tally,) = _serve_hashed(
         chunking, [_hashed_workload(workload, chunking.tokens_per_hash)], policy,
-        workload.gpu_cache, workload.max_num_batched_tokens,
+        workload.gpu_cache, workload.max_num_batched_tokens, packed_loads,
     )
     return summarize(workload.name, chunking, tally, file_bytes)
 

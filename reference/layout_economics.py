@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from reference.keys import split_key
-from reference.packed import header_bytes, packed_file_bytes, page_round
+from reference.packed import packed_file_bytes, page_round
 from reference.packed_split import LoadSplit, load_counts, load_slices
 
 __all__ = [
@@ -44,8 +44,8 @@ __all__ = [
 Sections = tuple[tuple[int, int], ...]
 """``(group index, key bytes)`` of each section of a file (or of one open's sections), sorted."""
 Open = tuple[Sections, Sections]
-"""One file open of a load job: the sections it reads, and all the file's sections (the
-header it reads first indexes them all)."""
+"""One file open of a load job: the sections it reads, and all the file's sections (its
+header indexes them all; the tier's index holds it, so a load does not read it)."""
 
 
 PER_CHUNK = "per_chunk"
@@ -113,14 +113,14 @@ class LayoutEconomics:
         return packed_file_bytes([section_bytes[g] for g, _ in sections], [k for _, k in sections])
 
     def read_size(self, opened: Open, section_bytes: Mapping[int, int]) -> int:
-        """Bytes one open reads: the whole file per chunk; packed: the file's header
-        (:func:`reference.packed.header_bytes`), then the page-rounded sections it wants."""
-        sections, in_file = opened
+        """Bytes one open reads: the whole file per chunk; packed: the page-rounded
+        sections it wants, and no header (the tier's index keeps each file's identity and
+        sections, so a load checks the file with one ``fstat`` and reads its sections
+        only)."""
+        sections, _ = opened
         if self.layout == PER_CHUNK:
             return sum(section_bytes[g] for g, _ in sections)
-        return header_bytes([k for _, k in in_file]) + sum(
-            page_round(section_bytes[g]) for g, _ in sections
-        )
+        return sum(page_round(section_bytes[g]) for g, _ in sections)
 
     def written_sizes(self, section_bytes: Mapping[int, int]) -> tuple[tuple[int, int], ...]:
         """``(file bytes, files)``, each file with its own bytes."""

@@ -35,6 +35,7 @@ from reference.disk_economics import BudgetedIndex, DiskEconomics
 from reference.economics import hashed
 from reference.eviction import EvictionRule, Layout, Overflow
 from reference.knobs import Chunking
+from reference.packed_split import LoadSplit
 from reference.plan import Policy
 from reference.tiered_index import PromotingEngine, TieredIndex
 from reference.workload import GpuCache, Workload, requests
@@ -87,6 +88,7 @@ def tiered_miss_ratio_curve(
     overflow: Overflow = Overflow.REFUSE,
     window_siblings: bool = False,
     windows_apart: bool = True,
+    load_split: LoadSplit | None = None,
 ) -> tuple[TieredEconomics, ...]:
     """``workload`` served with a CPU tier of ``cpu_slots`` chunk slots in front of a disk
     of each of ``sizes`` bytes (an int ``n``: ``n`` sizes evenly spaced up to this run's
@@ -100,7 +102,8 @@ def tiered_miss_ratio_curve(
     def new_index(size: int) -> TieredIndex:
         disk = BudgetedIndex(chunking, key_bytes, size, rule, layout, policy.window,
                              admission=admission, overflow=overflow,
-                             window_siblings=window_siblings, windows_apart=windows_apart)
+                             window_siblings=window_siblings, windows_apart=windows_apart,
+                             load_split=load_split)
         return TieredIndex(disk, CpuLru(cpu_slots))
 
     def result(engine: PromotingEngine, index: TieredIndex, size: int | None,

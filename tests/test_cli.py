@@ -757,16 +757,26 @@ def test_a_knob_past_a_float_fails_with_one_line(model: str) -> None:
 # ---------------------------------------------------------------------------
 
 
+VLLM_POOL_THREADS = 16 + 16
+"""vLLM's fs tier pool by default: 16 read-priority and 16 write-priority threads
+(``FileSystemTierManager``'s ``n_read_threads`` / ``n_write_threads``)."""
+
+
 def reference_economics(
-    model: str, knob: dict[str, Any], retention: int | None = 0, prompt_only: bool = True
+    model: str, knob: dict[str, Any], retention: int | None = 0, prompt_only: bool = True,
+    section_bytes: int | None = None, threads: int = VLLM_POOL_THREADS,
 ) -> tuple[Any, Any, Any]:
     """What :mod:`reference.economics` says for the fixture under ``knob`` and the installed
-    release's rules, serving the CLI's default workload: (Economics, chunking, policy)."""
+    release's rules, serving the CLI's default workload: (Economics, chunking, policy).
+    ``section_bytes`` (the CPU tier's row): the packed tier splits its large load jobs as it
+    does by default, ``PART_BYTES`` parts over its pool's ``threads`` (None: one task each)."""
     import dataclasses
 
     from conformance.harness import vllm_harness_api as V
     from conformance.protocol.versions import rules_for
     from reference.economics import economics
+    from reference.layout_economics import PackedLoads
+    from reference.packed_split import PART_BYTES, LoadSplit
     from reference.workload import preset
     from vllm_adapter import fixtures as fx
     from vllm_adapter.cli.args import DEFAULT_WORKLOAD
@@ -782,7 +792,10 @@ def reference_economics(
         rules_for(V.VLLM_VERSION).policy, retention_interval=retention,
         offload_prompt_only=prompt_only,
     )
-    return economics(chunking, preset(DEFAULT_WORKLOAD), policy), chunking, policy
+    loads = None if section_bytes is None else PackedLoads(
+        LoadSplit(threads, PART_BYTES), {gc.group.index: section_bytes for gc in chunking.groups})
+    return (economics(chunking, preset(DEFAULT_WORKLOAD), policy, packed_loads=loads), chunking,
+            policy)
 
 
 def assert_traffic_is(traffic: dict[str, Any], e: Any, file_bytes: dict[int, int]) -> None:
@@ -833,8 +846,8 @@ def test_files_per_million_are_reference_economics(model: str, retention: int | 
     flags = models_512(model)[0]
     given = ["--prefix-cache-retention-interval", "None"] if retention is None else []
     d = doc([*flags, "--block-size", "512", *given])
-    e, chunking, _ = reference_economics(model, {"block_size": 512}, retention)
     slot = d["cpu_tier"]["slot_bytes"]
+    e, chunking, _ = reference_economics(model, {"block_size": 512}, retention, section_bytes=slot)
     assert_traffic_is(d["traffic"], e, {g.index: slot for g in e.groups})
     assert list(d)[-8:] == ["workload", "policy", "fs_models", "traffic", "per_group_map", "sweep",
                             "disk", "metadata"]
@@ -869,6 +882,32 @@ def test_files_per_million_are_reference_economics(model: str, retention: int | 
         ops = e.per_million(e.packed.files_written * sum(KVCHUNK_FILE_STORED)
                             + e.packed.jobs_written * sum(KVCHUNK_STORE_JOB))
         assert row["write_seconds_per_million"] == pytest.approx(floored(expected, ops, m))
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_packed_opens_and_reads_are_those_of_the_split_the_tier_will_use(tmp_path: Path) -> None:
+    """kvchunk's packed tier splits a large load job across its pool (a slice opens each
+    file it touches, and reads each run it holds): the CLI's packed file opens and reads
+    per million are the reference's counted with the tier's split, on vLLM's default pool
+    or on the fs tier's ``n_read_threads + n_write_threads``; gemma-4's rows are large
+    enough that the split opens more files than one task per job."""
+    flags = models_512("gemma")[0]
+    fs = ["--spec-name", "KvchunkTieringOffloadingSpec", "--fs-path", str(tmp_path)]
+    for extra, threads in (([], VLLM_POOL_THREADS),
+                           ([*fs, "--fs-read-threads", "1", "--fs-write-threads", "2"], 3)):
+        d = doc([*flags, "--block-size", "512", *extra])
+        slot = d["cpu_tier"]["slot_bytes"]
+        e, _, _ = reference_economics("gemma", {"block_size": 512}, section_bytes=slot,
+                                      threads=threads)
+        packed = d["traffic"]["layouts"][1]
+        assert packed["layout"] == "packed"
+        for key, want in (("file_opens", e.packed.file_opens),
+                          ("file_opens_once", e.packed.file_opens_once),
+                          ("reads", e.packed.reads), ("reads_once", e.packed.reads_once)):
+            assert packed[f"{key}_per_million"] == pytest.approx(e.per_million(want)), (extra, key)
+    unsplit, _, _ = reference_economics("gemma", {"block_size": 512})
+    assert e.packed.file_opens > unsplit.packed.file_opens
 
 
 @pytest.mark.vllm
@@ -1117,7 +1156,8 @@ def test_engines_per_file_system_are_the_reference_counts(model: str) -> None:
     assert list(d)[-2:] == ["disk", "metadata"]
     m = d["metadata"]
     assert (m["fs_metadata_ops"], m["prefill_tokens_per_s"]) == (capacity, tokens)
-    e, _, _ = reference_economics(model, {"block_size": 512})
+    e, _, _ = reference_economics(model, {"block_size": 512},
+                                  section_bytes=d["cpu_tier"]["slot_bytes"])
     per_chunk, packed = e.per_chunk, e.packed  # reference.layout_economics.LayoutEconomics
     assert (per_chunk.layout, packed.layout) == ("per_chunk", "packed")
 

@@ -225,3 +225,19 @@ def test_a_packed_budget_of_one_section_is_refused_for_two_groups(tmp_path: Path
     one_section = RP.packed_file_bytes([16384], [36])
     with pytest.raises(ValueError, match=f"give at least {_smallest('packed')[0]},"):
         _spec(tmp_path, "packed", one_section).get_manager()
+
+
+@needs_vllm
+def test_the_packed_tier_splits_its_large_load_jobs_by_default() -> None:
+    """A packed load job of at least twice the reference's part size is split across the
+    tier's pool (issue #30 item 1), and the operator CLI knows the split before a tier
+    starts: vLLM's pool threads (16 read + 16 write by default, or the entry's
+    ``n_read_threads`` / ``n_write_threads``) and the reference's part size."""
+    from reference import packed_split as RS
+    from vllm_adapter.disk.tier import KvchunkFileTierManager, configured_load_split
+
+    assert KvchunkFileTierManager.load_part_bytes == RS.PART_BYTES
+    assert configured_load_split({}) == RS.LoadSplit(16 + 16, RS.PART_BYTES)
+    assert configured_load_split({"n_read_threads": 3, "n_write_threads": 1}) == (
+        RS.LoadSplit(4, RS.PART_BYTES))
+    assert configured_load_split({"n_write_threads": 2}) == RS.LoadSplit(16 + 2, RS.PART_BYTES)

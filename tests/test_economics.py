@@ -138,9 +138,9 @@ def test_a_load_spread_over_two_files_opens_both() -> None:
     assert e.packed.file_opens == 1 + 2
     assert e.packed.sections_read == 2 + 4 == e.per_chunk.file_opens
     assert e.packed.reads == 1 + 2
-    # Every open reads its file's header (one page: 2 short index entries), then 2 sections
-    # of 2 pages each.
-    assert e.packed.opened_sizes(e.file_bytes) == ((4096 + 2 * 8192, 3),)
+    # Every open reads its 2 sections of 2 pages each and not the file's header: the tier's
+    # index holds each file's sections, checked by one fstat.
+    assert e.packed.opened_sizes(e.file_bytes) == ((2 * 8192, 3),)
     # Read once: r2's c0 was loaded by r1 already.
     assert e.packed.file_opens_once == 1 + 1 and e.packed.sections_read_once == 2 + 2
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from reference.economics import Economics, economics
 from reference.knobs import Chunking, PerGroupBlocksPerChunk, resolve
-from reference.layout_economics import LayoutEconomics
+from reference.layout_economics import LayoutEconomics, PackedLoads
+from reference.packed_split import LoadSplit
 from reference.plan import Policy
 from reference.workload import Workload
 from vllm_adapter.disk_model import FsModel, disk_time_of
@@ -37,24 +38,39 @@ __all__ = [
     "forget_served",
     "fs_model_info",
     "layout_traffic",
+    "packed_loads_of",
     "per_group_map",
     "serve",
     "sweep",
     "traffic",
 ]
 
-_SERVED: dict[tuple[Chunking, Workload, Policy], Economics] = {}
-"""Per process: one serving run per chunking, workload and rules (the fuzzer repeats knobs)."""
+_SERVED: dict[tuple[Chunking, Workload, Policy, object], Economics] = {}
+"""Per process: one serving run per chunking, workload, rules and packed load split (the
+fuzzer repeats knobs)."""
 
 
-def serve(chunking: Chunking, workload: Workload, policy: Policy) -> Economics:
-    """:func:`reference.economics.economics` of the workload (file sizes applied later)."""
-    key = (chunking, workload, policy)
+def serve(chunking: Chunking, workload: Workload, policy: Policy,
+          packed_loads: PackedLoads | None = None) -> Economics:
+    """:func:`reference.economics.economics` of the workload (file sizes applied later);
+    ``packed_loads``: how kvchunk's packed tier splits its load jobs across its pool
+    (:func:`packed_loads_of`; None: one task each), so that its file opens and reads are
+    the tier's."""
+    split = None if packed_loads is None else (
+        packed_loads.split, tuple(sorted(packed_loads.section_bytes.items())))
+    key = (chunking, workload, policy, split)
     found = _SERVED.get(key)
     if found is None:
-        found = economics(chunking, workload, policy)
+        found = economics(chunking, workload, policy, packed_loads=packed_loads)
         _SERVED[key] = found
     return found
+
+
+def packed_loads_of(split: LoadSplit | None, section_bytes: Mapping[int, int]) -> PackedLoads | None:
+    """The packed tier's load split (``split``: the tier's,
+    :func:`vllm_adapter.disk.tier.configured_load_split`; None: it does not split) with
+    each group's section bytes (one CPU-tier row)."""
+    return None if split is None else PackedLoads(split, dict(section_bytes))
 
 
 def forget_served() -> None:
@@ -226,14 +242,17 @@ def sweep(
     workload: Workload,
     policy: Policy,
     models: Sequence[FsModel],
+    load_split: LoadSplit | None = None,
 ) -> Sweep:
     """The figures at every point, the hit cost of each step up, and where each fs model
-    stops being IOPS-bound (writes and reads both bandwidth-bound)."""
+    stops being IOPS-bound (writes and reads both bandwidth-bound); ``load_split``: the
+    packed tier's (:func:`packed_loads_of`, each point's rows its sections)."""
     out: list[SweepPoint] = []
     previous: float | None = None
     for p in points:
         sizes = {gc.group.index: p.file_bytes for gc in p.chunking.groups}
-        t = traffic(serve(p.chunking, workload, policy), sizes, models)
+        t = traffic(serve(p.chunking, workload, policy, packed_loads_of(load_split, sizes)),
+                    sizes, models)
         out.append(
             SweepPoint(
                 knob=dict(p.knob),

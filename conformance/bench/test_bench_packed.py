@@ -20,7 +20,10 @@ directory supports it, the page cache dropped before every read pass:
   ``KvchunkFileTierManager``; :func:`vllm_adapter.disk.packed_io.store_packed_file`, every key
   a checksummed section), and
   per load job one :func:`~vllm_adapter.disk.packed_file.load_packed` per distinct file
-  (:func:`vllm_adapter.disk.packed_io.load_packed_files` over a :class:`PackedIndex`).
+  (:func:`vllm_adapter.disk.packed_io.load_packed_files` over a :class:`PackedIndex`), a
+  job of at least twice ``KvchunkFileTierManager.load_part_bytes`` in slices of adjacent
+  sections, one pool task each, as the tier splits it by default
+  (:func:`vllm_adapter.disk.packed_split.split_load_job` on the pool's 32 threads).
 
 A row is one CPU-tier chunk row (``round_up(worker_kv_bytes_per_block x copies x
 blocks_per_chunk, 4096)``, the per-chunk tier's file), scaled down so one variant's
@@ -89,6 +92,7 @@ from conformance.bench.stats import paired_interval
 from conformance.testing.requires import require_vllm
 from reference import economics as E
 from reference import packed as RP
+from reference import packed_split as RS
 from reference.jobs import LoadJob
 from reference.keys import split_key
 from reference.mathutil import round_down
@@ -100,6 +104,7 @@ from conformance.bench.test_bench_disk import REPO, THREADS, drop_caches, filesy
 from conformance.harness import vllm_harness_api as V  # noqa: E402
 from vllm_adapter.disk import packed_file as P  # noqa: E402
 from vllm_adapter.disk import packed_io as PIO  # noqa: E402
+from vllm_adapter.disk import packed_split as PS  # noqa: E402
 from vllm_adapter.disk import tier as S  # noqa: E402
 
 BLOCK_SIZE = 512
@@ -336,12 +341,28 @@ class PackedCase:
         ])
 
     def packed_load(self) -> None:
-        """The packed tier's load of each job: one task (as ``KvchunkFileTierManager``)."""
+        """The packed tier's load of each job, as ``KvchunkFileTierManager`` runs it by
+        default: one task, or a large job's slices, one task each
+        (:func:`~vllm_adapter.disk.packed_split.split_load_job` with the tier's split on
+        this pool's threads)."""
+        split = RS.LoadSplit(PS.pool_threads(self.pool), S.KvchunkFileTierManager.load_part_bytes)
         self._run("packed", self.pool.enqueue_load, [
-            [functools.partial(PIO.load_packed_files, self.index, job, self.view,
-                               self.offsets(job), self.row_bytes, self.io)]
-            for job in self.jobs.loads
+            self._packed_load_tasks(job, split) for job in self.jobs.loads
         ])
+
+    def _packed_load_tasks(self, job: Sequence[bytes], split: RS.LoadSplit) -> list[Any]:
+        found = PS.split_load_job(self.index, job, self.row_bytes, split)
+        if found is None:
+            return [functools.partial(PIO.load_packed_files, self.index, job, self.view,
+                                      self.offsets(job), self.row_bytes, self.io)]
+        plan, slices = found
+
+        def load(keys: Sequence[Any], offsets: Sequence[int]) -> None:
+            PIO.load_packed_files(self.index, keys, self.view, offsets, self.row_bytes,
+                                  self.io, plan=plan)
+
+        return PS.SplitLoad(job, self.offsets(job), slices, [plan.path_of[k] for k in job],
+                            begin=lambda: None, load=load, end=lambda begun, error: None).tasks
 
     def remove_packed_files(self) -> None:
         shutil.rmtree(os.path.join(self.backing, "packed-tier"), ignore_errors=True)

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,7 @@ from conformance.protocol.versions import RELEASES, rules_for  # noqa: E402
 from reference.economics import serve  # noqa: E402
 from reference.layout_economics import PACKED, PackedLoads, layout_economics  # noqa: E402
 from reference.workload import GpuCache, Span, Workload, WorkloadRequest, requests  # noqa: E402
+from vllm_adapter.disk.fileio import TierFileIO  # noqa: E402
 
 pytestmark = [pytest.mark.data, pytest.mark.xdist_group("heavy")]
 
@@ -352,6 +354,22 @@ def _nonzero(counts: dict[int, int]) -> dict[int, int]:
     return {g: n for g, n in sorted(counts.items()) if n}
 
 
+class CountedReads(TierFileIO):
+    """The tier's file I/O, counting the bytes its packed reads return (headers and
+    sections: every ``preadv`` of a packed file goes through :meth:`preadv`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes_read = 0
+        self._lock = threading.Lock()
+
+    def preadv(self, fd: int, buffers: list[Any], offset: int) -> int:
+        n = super().preadv(fd, buffers, offset)
+        with self._lock:
+            self.bytes_read += n
+        return n
+
+
 @pytest.mark.parametrize("case", PACKED_CASES, ids=lambda c: f"{c}-packed")
 def test_predicted_packed_files_are_the_files_kvchunks_tier_writes(
     case: EconomicsCase,
@@ -372,26 +390,39 @@ def test_predicted_packed_files_are_the_files_kvchunks_tier_writes(
     # as vLLM's tier writes them.  The rule's admissions ("reachable", the default, leaves
     # out a window chunk that serves no boundary: dense retention's tail) are checked
     # against the reference in test_tiered_eviction_economics.py.
-    driver = _with_retention(case, tmp_path, SF.kvchunk_tiering_spec(
-        tmp_path, layout="packed", eviction="lru"))
+    spec = SF.kvchunk_tiering_spec(tmp_path, layout="packed", eviction="lru")
+    driver = _with_retention(case, tmp_path, spec)
     from vllm_adapter.connector import resolve_for_vllm
+    from vllm_adapter.disk.tier import KvchunkFileTierManager, configured_load_split
 
     chunking, _ = resolve_for_vllm(driver.vllm_config, driver.kv_cache_config)
     probe = T.FileProbe().install(monkeypatch)
+    monkeypatch.setattr(KvchunkFileTierManager, "file_io_factory", CountedReads)
     session, runner = T.open_session(driver, BUDGET)
     tier = SF.tier_of(session)
     assert tier.layout == "packed", tier.layout
+    file_io = tier.file_io
+    assert isinstance(file_io, CountedReads)
     # A load job large enough to split across the tier's pool opens a file once per slice
     # and reads each run within a slice (reference.packed_split.load_slices, the tier's rule).
+    # The split is the one the operator CLI predicts with, from the tier's entry alone.
     split = tier.load_split
+    (entry,) = spec["secondary_tiers"]
+    assert split == configured_load_split(entry), (split, entry)
+    section_bytes = {gc.group.index: tier.section_bytes for gc in chunking.groups}
     first, second = predicted(case, chunking, reqs, None if split is None else PackedLoads(
-        split, {gc.group.index: tier.section_bytes for gc in chunking.groups}))
+        split, section_bytes))
     snapshots: list[TierSnapshot] = []
+    bytes_read: list[int] = []
+
+    def after_pass(_: Any) -> None:
+        snapshots.append(TierSnapshot.of(tier.counters))
+        bytes_read.append(file_io.bytes_read)
+
     try:
         T.run_workload_passes(
             session, probe, tmp_path, [(r.prompt, OUTPUT_TOKENS) for r in reqs],
-            after_pass=lambda _: snapshots.append(TierSnapshot.of(tier.counters)),
-            warm_gpu=case.gpu_cache is not GpuCache.COLD,
+            after_pass=after_pass, warm_gpu=case.gpu_cache is not GpuCache.COLD,
         )
         files_on_disk, sections_on_disk = packed_on_disk(tier)
     finally:
@@ -406,6 +437,8 @@ def test_predicted_packed_files_are_the_files_kvchunks_tier_writes(
         "file opens (pass 2, read once)": packed2.file_opens_once,
         "sections read (pass 2, read once)": _nonzero({g: second.read_once[g] for g in groups}),
         "reads (pass 2, read once)": packed2.reads_once,
+        # What the CLI prices a load's reads at (LayoutEconomics.read_size).
+        "bytes read (pass 2, read once)": packed2.bytes_read(section_bytes, once=True),
     }
     got = {
         "files written": files_on_disk,
@@ -413,6 +446,7 @@ def test_predicted_packed_files_are_the_files_kvchunks_tier_writes(
         "file opens (pass 2, read once)": pass2.files_opened,
         "sections read (pass 2, read once)": _nonzero(pass2.sections_loaded_per_group),
         "reads (pass 2, read once)": pass2.reads,
+        "bytes read (pass 2, read once)": bytes_read[1] - bytes_read[0],
     }
     for name in want:
         record_property(f"econ:packed:predicted {name}", want[name])

@@ -26,6 +26,7 @@ from pathlib import Path
 from reference.disk_economics import DiskEconomics, miss_ratio_curve, scaled
 from reference.eviction import EvictionRule, Layout
 from reference.knobs import Chunking
+from reference.packed_split import LoadSplit
 from reference.plan import Policy
 from reference.tiered_curve import TieredEconomics, tiered_miss_ratio_curve
 from reference.workload import Workload, requests
@@ -93,10 +94,12 @@ def disk_tier(
     title: str,
     cpu_bytes: int | None = None,
     cpu_chunks: int | None = None,
+    load_split: LoadSplit | None = None,
 ) -> DiskTier | None:
     """Both rules at ``disk_bytes`` and/or across :data:`DISK_SWEEP_POINTS` sizes; with
     ``cpu_chunks`` (the CPU tier's slots for ``cpu_bytes``), the sweep's sizes again with
-    that CPU tier in front of the disk."""
+    that CPU tier in front of the disk.  ``load_split``: the packed tier's (its files read
+    are one per file per slice, :class:`reference.disk_economics.BudgetedIndex`)."""
     if disk_bytes is None and not sweep:
         return None
     if chunking.alignment_tokens is None:
@@ -109,7 +112,8 @@ def disk_tier(
 
     def curve(sizes: tuple[int, ...] | int, rule: EvictionRule) -> tuple[DiskEconomics, ...]:
         try:
-            return miss_ratio_curve(chunking, big, sizes, rule, key_bytes, Layout.PACKED, policy)
+            return miss_ratio_curve(chunking, big, sizes, rule, key_bytes, Layout.PACKED, policy,
+                                    load_split=load_split)
         except ValueError as e:  # a Mamba-align group: the rule does not model it
             raise CliError(f"--disk-bytes / --sweep-disk: {e}") from None
 
@@ -129,7 +133,7 @@ def disk_tier(
         if cpu_chunks is not None:
             tiered = {
                 rule: tiered_miss_ratio_curve(chunking, big, sizes, cpu_chunks, rule, key_bytes,
-                                              Layout.PACKED, policy)
+                                              Layout.PACKED, policy, load_split=load_split)
                 for rule in RULES
             }
             cpu_points = tuple(

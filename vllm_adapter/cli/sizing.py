@@ -34,7 +34,7 @@ from vllm_adapter.cli.result import (
 from vllm_adapter.cli.sweeps import knob_sweep
 from vllm_adapter.disk.budget import DISK_BYTES_KEY
 from vllm_adapter.disk_model import FS_MODELS
-from vllm_adapter.economics import fs_model_info, per_group_map, serve, traffic
+from vllm_adapter.economics import fs_model_info, packed_loads_of, per_group_map, serve, traffic
 from vllm_adapter.metadata_model import metadata_economics
 from vllm_adapter.names import (
     KVCHUNK_CONNECTOR,
@@ -162,8 +162,12 @@ def plan(request: Request, *, debug: bool = False) -> Sizing:
     tier = request.fs_tier or {}
     models = tuple(m.with_threads(tier.get("n_write_threads"), tier.get("n_read_threads"))
                    for m in request.fs_models or FS_MODELS)
-    served = serve(knob.chunking, workload, policy)
     key_bytes = {gc.group.index: cpu.slot_bytes for gc in knob.chunking.groups}
+    # The packed tier's file opens and reads are those of the split its pool will use.
+    from vllm_adapter.disk.tier import configured_load_split
+
+    load_split = configured_load_split(tier)
+    served = serve(knob.chunking, workload, policy, packed_loads_of(load_split, key_bytes))
     chosen = traffic(served, key_bytes, models)
     group_bytes = {g.index: g.group_bytes_per_block for g in groups}
 
@@ -175,11 +179,11 @@ def plan(request: Request, *, debug: bool = False) -> Sizing:
         f"{request.model_dir.name} TP{request.tensor_parallel_size} ({request.engine_flags()}); "
         f"workload {workload.name}; vLLM {V.VLLM_VERSION} rules"
     )
-    swept = knob_sweep(request, engine, row, workload, policy, models, title)
+    swept = knob_sweep(request, engine, row, workload, policy, models, title, load_split)
     disk = disk_tier(
         knob.chunking, workload, policy, key_bytes, request.disk_bytes, request.sweep_disk,
         request.plot if request.sweep_disk else None, title,
-        cpu_bytes=request.cpu_bytes, cpu_chunks=cpu.num_chunks,
+        cpu_bytes=request.cpu_bytes, cpu_chunks=cpu.num_chunks, load_split=load_split,
     )
     return Sizing(
         kv_transfer_config=_kv_transfer_config(knob.knob_extra, request.cpu_bytes, request),

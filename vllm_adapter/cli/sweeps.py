@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from reference.knobs import BLOCK_SIZE, BLOCKS_PER_CHUNK
+from reference.packed_split import LoadSplit
 from reference.plan import Policy
 from reference.workload import Workload
 from vllm_adapter.cli.args import CliError, Request
@@ -26,6 +27,7 @@ def knob_sweep(
     policy: Policy,
     models: tuple[FsModel, ...],
     title: str,
+    load_split: LoadSplit | None = None,
 ) -> Sweep | None:
     if not request.sweep:
         return None
@@ -35,7 +37,7 @@ def knob_sweep(
         raise CliError(
             f"--sweep: no {knob_name} value is valid here ({skipped[0] if skipped else ''})"
         )
-    result = sweep(knob_name, points, skipped, workload, policy, models)
+    result = sweep(knob_name, points, skipped, workload, policy, models, load_split)
     if request.plot is not None and not request.sweep_disk:
         plot_sweep(result, request.plot, title)
         result = replace(result, plot=str(request.plot))

@@ -55,7 +55,13 @@ from vllm_adapter.disk.chunk_file import ChunkIO
 from vllm_adapter.disk.fileio import TierFileIO
 
 __all__ = ["MAX_PARTS", "PART_BYTES", "Part", "SplitLoad", "SplitStore", "load_job_slices",
-           "part_count", "split_parts"]
+           "part_count", "pool_threads", "split_load_job", "split_parts"]
+
+
+def pool_threads(pool: Any) -> int:
+    """The threads of vLLM's I/O pool (its ``DualQueueThreadPool``: the read-priority and
+    the write-priority threads together); a job's sub-tasks are at most these."""
+    return len(getattr(pool, "_threads", ())) or 1
 
 
 @dataclass(frozen=True)
@@ -225,6 +231,24 @@ def load_job_slices(plan: PIO.LoadPlan, keys: Sequence[Any],
         at.setdefault((path, section.position), []).append(i)
     return [[i for path, positions in part for p in positions for i in at[(path, p)]]
             for part in load_slices(wanted.values(), split)]
+
+
+def split_load_job(index: PIO.PackedIndex, keys: Sequence[Any], size: int,
+                   split: LoadSplit | None) -> tuple[PIO.LoadPlan, list[list[int]]] | None:
+    """How a packed tier runs one load job of ``keys`` (rows of ``size`` bytes) under
+    ``split``: the job's plan and its slices (:func:`load_job_slices`), or None when it is
+    one task: no split, a job below two parts (:func:`part_count`), a key the index cannot
+    place by its section yet, or a cut that leaves one slice."""
+    if split is None:
+        return None
+    job_bytes = len(keys) * page_round(size)
+    if part_count(job_bytes, split.threads, split.part_bytes, split.max_parts) < 2:
+        return None
+    plan = PIO.LoadPlan.of(index, keys)
+    if plan is None:
+        return None
+    slices = load_job_slices(plan, keys, split)
+    return (plan, slices) if len(slices) > 1 else None
 
 
 class SplitLoad:

@@ -51,7 +51,7 @@ and completed together, so that the eviction rule can evict a window file alone.
 of at least twice ``store_part_bytes`` (8 MiB) of new sections is written by several
 tasks of vLLM's pool, one contiguous range of sections each, the first reserving, the
 last writing the headers and completing; a load job of at least twice ``load_part_bytes``
-(0 by default: off; the tests set 8 MiB) is several tasks too, one slice of its sections each (each slice opening the files
+(8 MiB) is several tasks too, one slice of its sections each (each slice opening the files
 it reads; :func:`reference.packed_split.load_slices`, the rule the reference counts opens
 and reads with), the last reporting the job (:mod:`vllm_adapter.disk.packed_split`).  The
 packed tier answers ``lookup(key)`` from an in-memory index, key -> (file, section),
@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import json
 import logging
 import os
@@ -97,7 +98,6 @@ from vllm_adapter import names
 from vllm_adapter import vllm_api as V
 from vllm_adapter.disk import budget as DB
 from vllm_adapter.disk import packed_file as P
-from vllm_adapter.disk import packed_io as PIO
 from vllm_adapter.disk.chunk_file import (
     CHECKSUM,
     FORMAT_VERSION,
@@ -132,8 +132,9 @@ from vllm_adapter.disk.packed_split import (
     PART_BYTES,
     SplitLoad,
     SplitStore,
-    load_job_slices,
     part_count,
+    pool_threads,
+    split_load_job,
 )
 from vllm_adapter.disk.tier_budget import (
     POLL_SECONDS,
@@ -150,6 +151,7 @@ __all__ = [
     "FORMAT_VERSION",
     "HEADER_SIZE",
     "MAGIC",
+    "POOL_THREAD_KEYS",
     "ChunkFileError",
     "ChunkIO",
     "KvchunkFileTierManager",
@@ -157,6 +159,8 @@ __all__ = [
     "TierCounters",
     "batch_load_chunks",
     "batch_store_chunks",
+    "configured_load_split",
+    "configured_pool_threads",
     "key_digest",
     "live_tiers",
     "load_chunk",
@@ -231,13 +235,12 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
     store_part_bytes: int = PART_BYTES
     """A packed store job is split into sub-tasks of at least this many payload bytes
     (:mod:`~vllm_adapter.disk.packed_split`); a test lowers it to split small jobs."""
-    load_part_bytes: int = 0
+    load_part_bytes: int = PART_BYTES
     """A packed load job of at least twice this many bytes is split into slices
-    (:func:`reference.packed_split.load_slices`; 0, the default: every load job is one task,
-    as vLLM's).  Off by default until the CLI's economics count a split load's opens
-    (:func:`vllm_adapter.economics.serve` serves without the pool's threads and section
-    bytes, so its file opens would fall short of the tier's); the tests set it
-    (``reference.packed_split.PART_BYTES``, or 1 to split every job)."""
+    (:func:`reference.packed_split.load_slices`), one pool task each; 0: every load job is
+    one task, as vLLM's.  ``python -m vllm_adapter config`` counts the opens and reads of
+    the split a tier will use (:func:`configured_load_split`); a test sets 1 to split every
+    job."""
 
     def __init__(
         self,
@@ -545,7 +548,7 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
 
     def _store_threads(self) -> int:
         """The pool's threads (a job's sub-tasks are at most these)."""
-        return len(getattr(self._pool, "_threads", ())) or 1
+        return pool_threads(self._pool)
 
     @property
     def load_split(self) -> RS.LoadSplit | None:
@@ -680,18 +683,10 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         ``_load_progress`` before the pool publishes the job, one ``load_failures``, the
         failed files and keys accounted; the files touched.  Empty: one task (a small job,
         or a key the index cannot place by its section yet)."""
-        split = self.load_split
-        if split is None:
+        found = split_load_job(self.index, keys, self._block_size, self.load_split)
+        if found is None:
             return []
-        job_bytes = len(keys) * RP.page_round(self._block_size)
-        if part_count(job_bytes, split.threads, split.part_bytes, split.max_parts) < 2:
-            return []
-        plan = PIO.LoadPlan.of(self.index, keys)
-        if plan is None:
-            return []
-        slices = load_job_slices(plan, keys, split)
-        if len(slices) < 2:
-            return []
+        plan, slices = found
 
         def load(keys_: Sequence[Any], offsets_: Sequence[int]) -> None:
             self.file_io.load_packed(self.index, keys_, self._primary_kv_view, offsets_,
@@ -716,6 +711,27 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
 
         return SplitLoad(keys, offsets, slices, [plan.path_of[bytes(k)] for k in keys],
                          begin=begin, load=load, end=end).tasks
+
+
+POOL_THREAD_KEYS = ("n_read_threads", "n_write_threads")
+"""The fs tier entry's keys whose threads vLLM's pool starts (read- and write-priority)."""
+
+
+def configured_pool_threads(tier_config: Mapping[str, Any]) -> int:
+    """The threads vLLM's I/O pool starts for the fs tier entry ``tier_config`` (what
+    :func:`~vllm_adapter.disk.packed_split.pool_threads` finds on the started tier):
+    ``n_read_threads + n_write_threads``, each vLLM's ``FileSystemTierManager`` default
+    when the entry does not give it."""
+    params = inspect.signature(V.FileSystemTierManager.__init__).parameters
+    return sum(int(tier_config.get(k, params[k].default)) for k in POOL_THREAD_KEYS)
+
+
+def configured_load_split(tier_config: Mapping[str, Any]) -> RS.LoadSplit | None:
+    """How a packed tier started from the fs tier entry ``tier_config`` splits its load
+    jobs (its :attr:`KvchunkFileTierManager.load_split`), known before it starts: what
+    the operator CLI counts a packed load's opens and reads with."""
+    part = KvchunkFileTierManager.load_part_bytes
+    return RS.LoadSplit(configured_pool_threads(tier_config), part) if part else None
 
 
 def _follow_root(tier_ref: weakref.ref[KvchunkFileTierManager], stop: threading.Event) -> None:
