@@ -122,26 +122,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(line)
 
 
-HEAVY_FIRST_ENV = "KVCHUNK_HEAVY_LANES_FIRST"
-"""Set (to 1) by ``.ci/run`` for one release's chain: that chain runs the lanes holding the
-machine-wide lock (:mod:`conformance.harness.heavy_lock`) before the others, so the two chains
-meet at the lock less (it cost a chain 131-172 s of waiting when both ran them last)."""
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With :data:`HEAVY_FIRST_ENV` set, the heavy lanes' modules first, each whole and in
-    their order; otherwise pytest's order."""
-    if os.environ.get(HEAVY_FIRST_ENV) != "1":
-        return
-    from conformance.harness.heavy_lock import one_heavy_lane_per_machine
-
-    def heavy(item: pytest.Item) -> bool:
-        module = getattr(item, "module", None)
-        return getattr(module, "one_heavy_lane_per_machine", None) is one_heavy_lane_per_machine
-
-    items.sort(key=lambda item: not heavy(item))  # stable: each group keeps its order
-
-
 @pytest.fixture(scope="session")
 def backend(request: pytest.FixtureRequest) -> Backend:
     return load_backend(request.config.getoption("--backend"))
