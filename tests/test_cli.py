@@ -942,9 +942,13 @@ def test_dsv4_chat_prints_both_layouts_and_packing_writes_a_quarter_of_the_files
 @pytest.mark.parametrize("model", sorted(MODELS_512))
 def test_per_group_map_is_reference_economics_of_the_map(model: str) -> None:
     """Every group at the full-attention tokens per chunk, resolved by the reference (the
-    connector refuses it): B_g = T / tokens_per_block_g, each group's own bytes per file."""
+    connector refuses it): B_g = T / tokens_per_block_g, each group's own bytes per file;
+    its packed opens and reads counted with the split the tier will use, as every other
+    figure (each group's rows its sections, vLLM's default pool)."""
     from reference.economics import economics
     from reference.knobs import PerGroupBlocksPerChunk, resolve
+    from reference.layout_economics import PackedLoads
+    from reference.packed_split import PART_BYTES, LoadSplit
     from reference.workload import preset
 
     flags = models_512(model)[0]
@@ -956,14 +960,18 @@ def test_per_group_map_is_reference_economics_of_the_map(model: str) -> None:
     assert {int(k): v for k, v in m["blocks_per_chunk"].items()} == values
     mapped = resolve(chunking.geometry, PerGroupBlocksPerChunk.of(values), 0)
     assert {gc.tokens_per_chunk for gc in mapped.groups} == {512}
-    e_map = economics(mapped, preset("chat"), policy)
     cpu, rows = d["cpu_tier"], {g["index"]: g for g in d["groups"]}
     sizes = {
         i: -(-rows[i]["group_bytes_per_block"] * cpu["copies"] * b // cpu["page_alignment"])
         * cpu["page_alignment"]
         for i, b in values.items()
     }
+    split = PackedLoads(LoadSplit(VLLM_POOL_THREADS, PART_BYTES), sizes)
+    e_map = economics(mapped, preset("chat"), policy, packed_loads=split)
     assert_traffic_is(m["traffic"], e_map, sizes)
+    if model == "gemma":  # rows large enough that the split opens more files
+        unsplit = economics(mapped, preset("chat"), policy)
+        assert e_map.packed.file_opens > unsplit.packed.file_opens
 
 
 @pytest.mark.vllm
@@ -1013,6 +1021,21 @@ def test_sweep_table_json_and_plot(tmp_path: Path) -> None:
     # The chosen knob's point is the CLI's own figures.
     (chosen,) = [p for p in sweep["points"] if p["knob"] == {"blocks_per_chunk": 4}]
     assert chosen["traffic"] == d["traffic"]
+    # What the bench times (run_sweep, no CLI) is this computation: every point's packed
+    # opens and reads those of the split the tier will use.
+    from reference.workload import preset
+    from vllm_adapter import fixtures as fx
+    from vllm_adapter.planning import run_sweep
+
+    data = fx.load_fixture(MODELS_512["gemma"][1])
+    timed = run_sweep(fx.make_vllm_config(data, {}), fx.rebuild_kv_cache_config(data, "scheduler"),
+                      "blocks_per_chunk", preset(sweep_workload := d["workload"]["name"]))
+    assert sweep_workload == "chat" and len(timed.points) == len(sweep["points"])
+    for got, printed in zip(timed.points, sweep["points"], strict=True):
+        packed = printed["traffic"]["layouts"][1]
+        assert got.traffic.layouts[1].layout == packed["layout"] == "packed"
+        for key in ("file_opens_per_million", "reads_per_million"):
+            assert getattr(got.traffic.layouts[1], key) == pytest.approx(packed[key]), key
     # The knee: the first point whose files are bandwidth-bound both ways, per model.
     for knee, m in zip(sweep["knees"], FS_MODELS, strict=True):
         first = next((p for p in sweep["points"]

@@ -192,11 +192,14 @@ def per_group_map(
     workload: Workload,
     policy: Policy,
     models: Sequence[FsModel],
+    load_split: LoadSplit | None = None,
 ) -> PerGroupMap:
     """Every group at the full-attention groups' tokens per chunk (``B_g = T / tokens_per_block_g``).
 
     Resolved with :func:`reference.knobs.resolve` (vLLM's connector refuses per-group
-    maps); ``group_file_bytes(index, B_g)``: that group's file size.
+    maps); ``group_file_bytes(index, B_g)``: that group's file size.  ``load_split``: the
+    packed tier's (:func:`packed_loads_of`, each group's rows its sections), as the CLI's
+    other figures count it.
     """
     tokens = chunking.alignment_tokens
     if tokens is None:
@@ -221,7 +224,8 @@ def per_group_map(
     sizes = {gc.group.index: group_file_bytes(gc.group.index, gc.blocks_per_chunk)
              for gc in mapped.groups}
     return PerGroupMap(
-        tokens, values, True, None, traffic(serve(mapped, workload, policy), sizes, models)
+        tokens, values, True, None,
+        traffic(serve(mapped, workload, policy, packed_loads_of(load_split, sizes)), sizes, models),
     )
 
 

@@ -218,9 +218,12 @@ def run_sweep(
     models: tuple[FsModel, ...] = FS_MODELS,
 ) -> Sweep:
     """``--sweep`` on an already planned engine (no model dir, no planning run): the
-    knob values resolved as the connector will, each served through the workload.
-    The benchmark (``conformance/bench/test_bench_sweep.py``) times this."""
+    knob values resolved as the connector will, each served through the workload, the
+    packed tier's loads split as one on vLLM's default pool splits them (what ``--sweep``
+    counts without ``--fs-*`` threads).  The benchmark
+    (``conformance/bench/test_bench_sweep.py``) times this."""
     from vllm_adapter import vllm_tools_api as V
+    from vllm_adapter.disk.tier import configured_load_split
 
     engine = PlannedEngine(vllm_config, scheduler_kv_cache_config, GiB)
     _, base_extra = engine.resolve({BLOCKS_PER_CHUNK: 1})
@@ -228,7 +231,7 @@ def run_sweep(
                   int(vllm_config.parallel_config.world_size), 1)
     policy, _ = release_policy(V.VLLM_VERSION, vllm_config, True)
     points, skipped = sweep_inputs(engine, knob_name, row)
-    return E.sweep(knob_name, points, skipped, workload, policy, models)
+    return E.sweep(knob_name, points, skipped, workload, policy, models, configured_load_split({}))
 
 
 def forget_served() -> None:

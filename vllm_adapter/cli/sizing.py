@@ -174,7 +174,7 @@ def plan(request: Request, *, debug: bool = False) -> Sizing:
     def group_file_bytes(index: int, blocks: int) -> int:
         return row.row_bytes(group_bytes[index], blocks)
 
-    mapped = per_group_map(knob.chunking, group_file_bytes, workload, policy, models)
+    mapped = per_group_map(knob.chunking, group_file_bytes, workload, policy, models, load_split)
     title = (
         f"{request.model_dir.name} TP{request.tensor_parallel_size} ({request.engine_flags()}); "
         f"workload {workload.name}; vLLM {V.VLLM_VERSION} rules"
