@@ -17,8 +17,10 @@ module                 concern                                                  
                        (:class:`~.fileio.TierFileIO`); the tier calls files only
                        through it, so a test wraps the object, never module globals
 ``options``            the tier entry's keys, their errors, the geometry namespace      no
-``chunk_file``         the per-chunk file format and its I/O (header, checksum, atomic  no
-                       write, quarantine)
+``chunk_file``         the per-chunk file format and its I/O (header, checksum)         no
+``atomic_file``        a whole file written atomically (temporary name, rename) and     no
+                       the sweep of a dead writer's temporary files
+``quarantine``         a bad file's end: deleted, or quarantined within a byte cap      no
 ``packed_header``      the packed file's header: its bytes, checks and identity         no
 ``packed_file``        the packed file (:mod:`reference.packed`'s layout): store, load  no
 ``packed_io``          the packed index and a job's packed reads and writes             no

@@ -51,26 +51,35 @@ not their sum (``nox -s bench``, ``disk_checksum`` rows).
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import glob
 import logging
 import mmap
 import os
 import queue
 import struct
 import threading
-import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import blake3
 import xxhash
 
+from vllm_adapter.disk.atomic_file import (
+    O_DIRECT,
+    STALE_TEMP_SECONDS,
+    TEMP_SUFFIX,
+    open_temp,
+    sweep_stale_temps,
+    temp_path,
+    write_atomically,
+)
 from vllm_adapter.disk.counters import Counters
+from vllm_adapter.disk.quarantine import BAD_FILE_POLICIES, QUARANTINE_DIR, discard_bad_file
 
+# Also the names of its atomic writes (vllm_adapter.disk.atomic_file) and bad-file end
+# (vllm_adapter.disk.quarantine), which every file the tier writes shares.
 __all__ = [
     "BAD_FILE_POLICIES",
     "CHECKSUM",
@@ -81,16 +90,21 @@ __all__ = [
     "QUARANTINE_DIR",
     "SEGMENT_BYTES",
     "STALE_TEMP_SECONDS",
-    "ChunkFileError",
-    "ChunkIO",
-    "TierCounters",
+    "TEMP_SUFFIX",
     "batch_load_chunks",
     "batch_store_chunks",
+    "ChunkFileError",
+    "ChunkIO",
     "digest",
+    "discard_bad_file",
     "key_digest",
     "load_chunk",
+    "open_temp",
     "store_chunk",
     "sweep_stale_temps",
+    "temp_path",
+    "TierCounters",
+    "write_atomically",
 ]
 
 logger = logging.getLogger("vllm_adapter.disk.tier")
@@ -107,9 +121,6 @@ DIGEST_BYTES = 16
 _FIELDS = struct.Struct("<8sHHIQ16s16s16s")
 """magic, format version, checksum id, header size, payload length, namespace, key, payload digest."""
 _HEADER_USED = _FIELDS.size + DIGEST_BYTES
-QUARANTINE_DIR = "quarantine"
-BAD_FILE_POLICIES = ("delete", "quarantine")
-O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
 MULTITHREAD_BYTES = 1 << 20
@@ -121,9 +132,6 @@ OVERLAP_BYTES = 1 << 20
 """Payloads from this size on are hashed on a second thread, beside their I/O."""
 SEGMENT_BYTES = 8 << 20
 """A load reads this much of the payload while the segment before it is hashed."""
-TEMP_SUFFIX = ".tmp"
-STALE_TEMP_SECONDS = 15 * 60
-"""A temporary file this old was left by a writer that died (a write takes seconds)."""
 
 
 class _Xxh3:
@@ -384,146 +392,12 @@ def _write_file(fd: int, payload: memoryview, key_id: bytes, io: ChunkIO) -> Non
     _pwrite_all(fd, memoryview(page), 0)
 
 
-def temp_path(path: str) -> str:
-    """A unique temporary name for ``path``, in its directory: ``<path>.<pid>-<thread>-<rand>.tmp``
-    (a dead writer's is swept: :func:`sweep_stale_temps`)."""
-    return f"{path}.{os.getpid()}-{threading.get_ident()}-{os.urandom(4).hex()}{TEMP_SUFFIX}"
-
-
-def open_temp(tmp: str, flags: int, recycled: bool) -> int:
-    """Open a writer's temporary file: ``tmp`` created (``flags``, with ``O_CREAT |
-    O_EXCL``), its directory made only when the create finds it missing; or, ``recycled``,
-    the evicted file the ledger renamed there, opened to be overwritten (created after all
-    if it is gone)."""
-    if recycled:
-        try:
-            return os.open(tmp, flags | os.O_WRONLY)
-        except FileNotFoundError:
-            pass
-    flags |= os.O_CREAT | os.O_EXCL | os.O_WRONLY
-    try:
-        return os.open(tmp, flags, 0o644)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(tmp), exist_ok=True)
-        return os.open(tmp, flags, 0o644)
-
-
-def write_atomically(
-    path: str, io: ChunkIO, write: Callable[[int], None], *, direct: bool = True,
-    tmp: str | None = None,
-) -> None:
-    """Write a whole file at ``path``: ``write(fd)`` fills a unique temporary file in the same
-    directory (``O_DIRECT`` when the tier uses it and ``direct``), fsync-ed if the tier asks,
-    then renamed onto ``path``; on any failure the temporary file is removed and the error
-    raised.  A reader sees the old file or the new one, never part of one.
-
-    The directory is made only when the create finds it missing (no ``os.makedirs``
-    before every file, as vLLM's fs tier calls: on a shared file system each of its
-    ``stat`` / ``mkdir`` calls is a round trip to the metadata server, and the tier never
-    removes a directory, so in steady state the create alone succeeds).  ``tmp``: an
-    evicted file the ledger renamed onto this file's temporary name
-    (:meth:`~vllm_adapter.disk.ledger.RootLedger.reserve`, ``recycle``), no larger than
-    this file: overwritten in place."""
-    recycled = tmp is not None
-    tmp = tmp or temp_path(path)
-    try:
-        fd = open_temp(tmp, O_DIRECT if io.o_direct and direct else 0, recycled)
-        try:
-            write(fd)
-            if io.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
-
-
 def store_chunk(path: str, payload: memoryview, key_id: bytes, io: ChunkIO,
                 tmp: str | None = None) -> None:
     """Write one chunk file atomically (replacing any file at ``path``: a freshly computed
     chunk is never second to a file that may be damaged and was never read); ``tmp``: a
     recycled victim (:func:`write_atomically`)."""
     write_atomically(path, io, lambda fd: _write_file(fd, payload, key_id, io), tmp=tmp)
-
-
-def sweep_stale_temps(root: str, older_than: float = STALE_TEMP_SECONDS) -> int:
-    """Remove temporary files under ``root`` last written more than ``older_than`` seconds
-    ago (left by a writer that crashed or was killed); returns how many.  A temporary
-    file is never read as a chunk, so this only reclaims space."""
-    removed, cutoff = 0, time.time() - older_than
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            if not name.endswith(TEMP_SUFFIX):
-                continue
-            path = os.path.join(dirpath, name)
-            with contextlib.suppress(OSError):
-                if _writer_is_dead(name) or os.stat(path).st_mtime < cutoff:
-                    os.remove(path)
-                    removed += 1
-    return removed
-
-
-def _writer_is_dead(temp_name: str) -> bool:
-    """The process named in a temporary file's name (``<file>.<pid>-<thread>-<rand>.tmp``,
-    :func:`write_atomically`) no longer runs on this host.  A root shared across hosts
-    keeps the age rule alone: another host's pid says nothing here."""
-    stem = temp_name[: -len(TEMP_SUFFIX)]
-    pid_part = stem.rsplit(".", 1)[-1].split("-", 1)[0]
-    if not pid_part.isdigit() or int(pid_part) == os.getpid():
-        return False
-    try:
-        os.kill(int(pid_part), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False
-    return False
-
-
-def discard_bad_file(path: str, st: os.stat_result, io: ChunkIO) -> None:
-    """Delete or quarantine a bad file, unless a writer has replaced it since it was opened."""
-    try:
-        now = os.stat(path)
-        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
-            return
-        if (io.bad_files == "quarantine" and io.quarantine_dir is not None
-                and _make_room_in_quarantine(now.st_size, io)):
-            os.makedirs(io.quarantine_dir, exist_ok=True)
-            name = f"{os.path.basename(path)}.{st.st_ino}.bad"
-            os.replace(path, os.path.join(io.quarantine_dir, name))
-        else:
-            os.remove(path)
-        io.counters.add(bad_files_removed=1)
-    except OSError as exc:
-        logger.warning("kvchunk fs tier: could not remove bad chunk file %s: %s", path, exc)
-
-
-def _make_room_in_quarantine(nbytes: int, io: ChunkIO) -> bool:
-    """Whether a bad file of ``nbytes`` may be quarantined: the oldest quarantined files
-    (of every namespace under :attr:`ChunkIO.quarantine_root`) are deleted until it fits
-    :attr:`ChunkIO.quarantine_bytes`; False (delete it instead) when it alone does not."""
-    if io.quarantine_bytes is None:
-        return True
-    if nbytes > io.quarantine_bytes:
-        return False
-    root = io.quarantine_root or os.path.dirname(io.quarantine_dir or "")
-    held: list[tuple[float, str, int]] = []
-    for q in glob.glob(os.path.join(glob.escape(root), "*", QUARANTINE_DIR)):
-        for entry in os.scandir(q):
-            with contextlib.suppress(OSError):
-                st = entry.stat()
-                held.append((st.st_mtime, entry.path, max(st.st_size, st.st_blocks * 512)))
-    total = sum(n for _, _, n in held)
-    for _, victim, n in sorted(held):
-        if total + nbytes <= io.quarantine_bytes:
-            break
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(victim)
-        total -= n
-    return total + nbytes <= io.quarantine_bytes
 
 
 def _pread_all(fd: int, dest: memoryview, offset: int) -> None:
