@@ -39,6 +39,7 @@ import importlib.metadata
 import json
 import re
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +49,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from conformance.bench import GEOMETRIES, TARGETS, Target  # noqa: E402
+from conformance.bench import (  # noqa: E402
+    GEOMETRIES,
+    SHARE_OF_BOUND,
+    TARGETS,
+    Target,
+    proposed_target,
+)
 from vllm_adapter.disk.chunk_file import CHECKSUM  # noqa: E402
 from vllm_adapter.release_list import SUPPORTED_RELEASES  # noqa: E402
 
@@ -130,6 +137,10 @@ def _count_text(target: Target, rows: Sequence[Row]) -> str:
     overall, c, n = _counts(target, rows)
     word = "**missed**" if overall == "missed" else overall
     return f"{word} ({c['met']} met, {c['inconclusive']} inconclusive, {c['missed']} missed of {n})"
+
+
+def _verdict_counts(c: Mapping[str, int]) -> str:
+    return ", ".join(f"{c.get(v, 0)} {v}" for v in ("met", "inconclusive", "missed"))
 
 
 def _range(values: Iterable[float], fmt: str = "{:.2f}") -> str:
@@ -357,8 +368,10 @@ def _bullet_packed(bench: Mapping[str, Any]) -> str:
             text = f"{t.text}: {_count_text(t, mine)}, ratios {_range(r[t.field] for r in mine)}"
             above = [r for r in mine if r.get("target_above_bound")]
             if above:
+                proposed = Counter(proposed_target(r)[1] for r in above)
                 text += (f" ({len(above)} of {len(mine)} with the target above the mount's "
-                         "bound: a wrong target, not a miss)")
+                         "bound: a wrong target, not a miss; against the proposed "
+                         f"{SHARE_OF_BOUND:g} x the bound: {_verdict_counts(proposed)})")
             parts.append(text)
         free = [r for r in rows if not any(t.matches(r) for t in TARGETS)]
         for rate in sorted({r["ops_per_s"] for r in free if "ops_per_s" in r}):

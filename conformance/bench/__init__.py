@@ -189,6 +189,22 @@ class Target:
         return f"{text} vs {bound}"
 
 
+SHARE_OF_BOUND = 0.9
+"""The target proposed for a row whose target lies above its bound (the speed-up the
+emulated mount allows, both tiers at their lower bound: a wrong target, not checked): the
+measured speed-up reaches this share of that bound."""
+
+
+def proposed_target(info: dict[str, Any]) -> tuple[float, Verdict]:
+    """A wrong target's replacement for one row (``target_above_bound``): its value,
+    :data:`SHARE_OF_BOUND` x the row's ``bound``, and the row's verdict against it (its
+    ``ratio`` and interval; reported, not checked)."""
+    goal = SHARE_OF_BOUND * float(info["bound"])
+    lo, hi = info["ratio_ci"]
+    interval = RatioInterval(float(info["ratio"]), float(lo), float(hi), 0)
+    return goal, classify(interval, min_ratio=goal)
+
+
 def _ci_text(ratio: float, ci: Sequence[float]) -> str:
     return f"{float(ratio):.3f} [{float(ci[0]):.3f}, {float(ci[1]):.3f}]"
 

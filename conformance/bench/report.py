@@ -11,7 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from conformance.bench import BLOCKS_PER_CHUNK, GEOMETRIES, TARGETS, Target, target_of
+from conformance.bench import (
+    BLOCKS_PER_CHUNK,
+    GEOMETRIES,
+    SHARE_OF_BOUND,
+    TARGETS,
+    Target,
+    proposed_target,
+    target_of,
+)
 from conformance.bench.report_budget import disk_budget_markdown
 from vllm_adapter.disk.chunk_file import CHECKSUM
 from vllm_adapter.render import render_table
@@ -191,7 +199,10 @@ def _verdict(r: Row) -> str:
     """A figure's verdict against its target ("-" without one); a target above the row's
     bound (the most the emulated mount allows) is said to be wrong, not missed."""
     if r.get("target_above_bound"):
-        return f"target {r['target']:g} above the bound: a wrong target, not a miss"
+        goal, verdict = proposed_target(r)
+        said = verdict if verdict == "met" else f"**{verdict}**"
+        return (f"target {r['target']:g} above the bound {r['bound']:.2f}: a wrong target, not "
+                f"a miss; proposed >= {SHARE_OF_BOUND:g} x the bound = {goal:.2f}: {said}")
     t = target_of(r)
     v = t.verdict(r) if t is not None and t.applies(r) else "-"
     return v if v in ("met", "-") else f"**{v}**"
@@ -327,7 +338,8 @@ def _packed_metadata(rows: list[Row]) -> list[str]:
         at_floor = sum(r["packed_floor_s"] >= r["packed_server_s"] for r in mine)
         target_text = (
             "Targets: " + ", ".join(f"{d}s >= {g:g}" for d, g in goals) + "; a target above a "
-            "row's bound is a wrong target, not a miss (not checked)."
+            "row's bound is a wrong target, not a miss (not checked); such a row is held to a "
+            f"proposed target instead, {SHARE_OF_BOUND:g} x its bound (reported, not checked)."
             if goals else "No target (informational): the packed tier's lower bound is its "
             f"time on the unthrottled mount (the emulator's data path), not its metadata, in "
             f"{at_floor} of {len(mine)} rows, so a target would judge the emulator."
