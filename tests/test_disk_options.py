@@ -241,3 +241,35 @@ def test_the_packed_tier_splits_its_large_load_jobs_by_default() -> None:
     assert configured_load_split({"n_read_threads": 3, "n_write_threads": 1}) == (
         RS.LoadSplit(4, RS.PART_BYTES))
     assert configured_load_split({"n_write_threads": 2}) == RS.LoadSplit(16 + 2, RS.PART_BYTES)
+
+
+@needs_vllm
+def test_vllm_fs_tier_pool_defaults_are_read_through_the_api_module() -> None:
+    """vLLM's ``FileSystemTierManager`` defaults of its pool's threads, read in
+    :mod:`vllm_adapter.vllm_api` (the one place that reaches vLLM)."""
+    from vllm_adapter import vllm_api as V
+
+    assert V.fs_tier_pool_defaults() == {"n_read_threads": 16, "n_write_threads": 16}
+
+
+@needs_vllm
+def test_a_vllm_that_renamed_the_pool_threads_parameters_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A vLLM whose ``FileSystemTierManager`` no longer takes ``n_read_threads`` (or gives it
+    no default) is an error naming the parameter and the class, not a ``KeyError``."""
+    from vllm_adapter import vllm_api as V
+    from vllm_adapter.disk.tier import configured_pool_threads
+
+    class Renamed:
+        def __init__(self, n_readers: int = 16, n_write_threads: int = 16) -> None: ...
+
+    monkeypatch.setattr(V, "FileSystemTierManager", Renamed)
+    with pytest.raises(TypeError, match=r"FileSystemTierManager.*n_read_threads"):
+        configured_pool_threads({})
+
+    class NoDefault:
+        def __init__(self, n_read_threads: int, n_write_threads: int = 16) -> None: ...
+
+    monkeypatch.setattr(V, "FileSystemTierManager", NoDefault)
+    with pytest.raises(TypeError, match=r"FileSystemTierManager.*n_read_threads"):
+        V.fs_tier_pool_defaults()

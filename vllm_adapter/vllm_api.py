@@ -23,6 +23,8 @@ vLLM is not installed; callers that can run without vLLM guard on that.
 
 from __future__ import annotations
 
+import inspect
+
 import vllm
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
     build_offloading_config,
@@ -97,7 +99,9 @@ __all__ = [
     "SecondaryTierFactory",
     "SharedOffloadRegion",
     "TieringOffloadingSpec",
+    "FS_TIER_POOL_PARAMETERS",
     "cuda_offloading_platform",
+    "fs_tier_pool_defaults",
     "fs_tier_track_store",
     # tier metrics (vllm_adapter.disk.metrics): the file tier's counters and gauges as
     # vLLM's offloading metric definitions, and the stats payload its get_stats returns.
@@ -117,6 +121,27 @@ VLLM_VERSION: str = vllm.__version__
 def cuda_offloading_platform() -> bool:
     """Whether vLLM's own ``CPUOffloadingWorker`` runs here (CUDA-alike, not ROCm)."""
     return bool(current_platform.is_cuda_alike() and not current_platform.is_rocm())
+
+
+FS_TIER_POOL_PARAMETERS = ("n_read_threads", "n_write_threads")
+"""``FileSystemTierManager``'s parameters (and the fs tier entry's keys) of the threads its
+I/O pool starts, read- and write-priority (0.33.0, 0.34.0)."""
+
+
+def fs_tier_pool_defaults() -> dict[str, int]:
+    """vLLM's ``FileSystemTierManager`` defaults of :data:`FS_TIER_POOL_PARAMETERS`:
+    parameter -> threads, what its pool starts when the fs tier entry does not say.
+    ``TypeError`` when the class no longer takes one of them with a default (a vLLM
+    that renamed them: this module, and the entry's keys, follow it)."""
+    params = inspect.signature(FileSystemTierManager.__init__).parameters
+    missing = [k for k in FS_TIER_POOL_PARAMETERS
+               if k not in params or params[k].default is inspect.Parameter.empty]
+    if missing:
+        raise TypeError(
+            f"vLLM {VLLM_VERSION}'s FileSystemTierManager takes no {' or '.join(missing)} "
+            f"with a default (its parameters: {', '.join(list(params)[1:])}): kvchunk reads "
+            f"its I/O pool's thread counts from them (vllm_adapter/vllm_api.py)")
+    return {k: int(params[k].default) for k in FS_TIER_POOL_PARAMETERS}
 
 
 def scheduler_region(spec: TieringOffloadingSpec) -> SharedOffloadRegion | None:

@@ -53,6 +53,7 @@ from vllm_adapter.disk.ledger_model import (
     LEDGER_FILE,
     LOCK_FILE,
     BudgetCounters,
+    DeferredNamespace,
     LedgerIO,
     LedgerModel,
 )
@@ -351,6 +352,8 @@ class RootLedger(LedgerModel):
         docstring; the writer takes it with :meth:`take_recycled`)."""
         with self._locked():
             space = self._space(ns)
+            if isinstance(space, DeferredNamespace):
+                space.ensure_built()  # (before it changes the model: a fallback replays it)
             if positions:
                 space.structure.observe_positions(positions)
             if servable is not None:
@@ -388,6 +391,9 @@ class RootLedger(LedgerModel):
                 out.append((path, tuple(new)))
             if not out:
                 return []
+            if (self._deferring and self.total_bytes + sum(size_of(keys) for _, keys in out)
+                    > self.files_budget):
+                self._build_all()  # its evictions read them all: built before it adds
             added: list[int] = []
             for _path, keys in out:
                 self._tick(space.disk)
@@ -529,6 +535,8 @@ class RootLedger(LedgerModel):
         far, the rest being pinned by pending reservations)."""
         victims: list[tuple[str, int]] = []
         total = self.total_bytes
+        if total > self.files_budget:
+            self._build_all()  # (it changes several: none falls back half way)
         while total > self.files_budget:
             best = None
             for space in self._spaces.values():
@@ -807,7 +815,8 @@ class RootLedger(LedgerModel):
             journal = b""
         with self._thread_lock:
             chunkings = dict(self._chunkings)
-        model = ledger_snapshot.replay(self.ledger_path, journal, chunkings)
+        model = ledger_snapshot.replay(self.ledger_path, journal, chunkings,
+                                       snapshot=self._use_snapshot)
         try:
             data = ledger_snapshot.encode(model, journal, verify)
         except ValueError:  # a model the snapshot cannot hold whole: none is written

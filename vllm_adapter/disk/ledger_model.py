@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -26,10 +27,16 @@ from vllm_adapter.disk.counters import Counters
 from vllm_adapter.disk.journal import decode, encode
 from vllm_adapter.disk.lease import LeaseIO
 
-__all__ = ["LEDGER_FILE", "LOCK_FILE", "BudgetCounters", "LedgerIO", "LedgerModel"]
+__all__ = ["LEDGER_FILE", "LOCK_FILE", "BudgetCounters", "Damaged", "LedgerIO", "LedgerModel"]
 
 LEDGER_FILE = "kvchunk-ledger.jsonl"
 LOCK_FILE = "kvchunk-ledger.lock"
+
+logger = logging.getLogger(__name__)
+
+
+class Damaged(ValueError):
+    """A field of the ledger's snapshot does not hold (:mod:`vllm_adapter.disk.ledger_snapshot`)."""
 
 
 @dataclass
@@ -56,7 +63,9 @@ class BudgetCounters(Counters):
     journal's tail after it (:mod:`vllm_adapter.disk.ledger_snapshot`)."""
     snapshot_fallbacks: int = 0
     """Whole replays that tried the snapshot and replayed the whole journal (missing,
-    stale, damaged: :attr:`LedgerModel.snapshot_start` says why)."""
+    stale, damaged: :attr:`LedgerModel.snapshot_start` says why), and loaded snapshots one
+    of whose namespaces did not hold when it was built (the model then replaced by the full
+    replay: :meth:`LedgerModel._snapshot_damaged`)."""
     snapshots_written: int = 0
     """Ledger snapshots this tier wrote (at a compaction, at shutdown)."""
     files_recycled: int = 0
@@ -100,6 +109,11 @@ class Namespace:
         """File ``fid`` is written (False: reserved, being written)."""
         return self.disk.files[fid].ready
 
+    def take(self, other: Namespace) -> None:
+        """Become ``other`` (its structure, Disk and paths, shared): an operation holding
+        this namespace works on ``other``'s state (:meth:`LedgerModel._snapshot_damaged`)."""
+        self.structure, self.disk, self.path_of = other.structure, other.disk, other.path_of
+
     def stranded_bytes(self) -> int:
         """Bytes of its files whose every key is stranded, plus each partly stranded file's
         share."""
@@ -121,12 +135,18 @@ class DeferredNamespace(Namespace):
     A start reads the few things it needs without them: the namespace's bytes, its
     chunking, which files are written (a file is written when its path is not pending:
     the build checks that each record agrees).  Anything else -- the first store, an
-    eviction, a read of a file's keys -- builds it once, under the caller's lock."""
+    eviction, a read of a file's keys -- builds it once, under the caller's lock.
+
+    A build that raises :class:`Damaged` calls ``damaged`` (the model's
+    :meth:`LedgerModel._snapshot_damaged`: the model, this namespace included, becomes the
+    full replay of the journal); without it, the error is raised and nothing is built."""
 
     def __init__(self, build: Callable[[], Namespace], file_bytes: int,
                  chunking: Chunking | None, pending: frozenset[int], source: bytes,
-                 stranded_bytes: int = 0) -> None:
+                 stranded_bytes: int = 0,
+                 damaged: Callable[[Damaged], None] | None = None) -> None:
         self._build: Callable[[], Namespace] | None = build
+        self._damaged = damaged
         self._bytes = file_bytes
         self._stranded = stranded_bytes
         """Its stranded bytes when the snapshot was written: unbuilt, nothing changed them
@@ -144,13 +164,29 @@ class DeferredNamespace(Namespace):
         return self._build is None
 
     def __getattr__(self, name: str) -> Any:
-        build = self.__dict__.get("_build")
-        if name not in ("structure", "disk", "path_of") or build is None:
+        if name not in ("structure", "disk", "path_of") or self.__dict__.get("_build") is None:
             raise AttributeError(name)
-        space = build()
-        self.__dict__.update(structure=space.structure, disk=space.disk, path_of=space.path_of)
-        self._build = None
+        self.ensure_built()
         return self.__dict__[name]
+
+    def ensure_built(self) -> None:
+        """Build it now, if it is not (a build that does not hold: the class docstring)."""
+        build = self._build
+        if build is None:
+            return
+        try:
+            space = build()
+        except Damaged as e:
+            if self._damaged is None:
+                raise
+            self._damaged(e)  # the model replayed whole: this namespace took its part
+            assert self._build is None, "the fallback left a namespace unbuilt"
+            return
+        self.take(space)
+
+    def take(self, other: Namespace) -> None:
+        self.__dict__.update(structure=other.structure, disk=other.disk, path_of=other.path_of)
+        self._build = None
 
     def file_bytes(self) -> int:
         return self._bytes if self._build is not None else self.disk.bytes
@@ -197,6 +233,14 @@ class LedgerModel:
     snapshot_start: str = ""
     """How the last whole replay that tried the snapshot began: ``used``, or why not
     (``missing``, ``stale``, ``damaged``, ``version``, ``chunking``, ``unreadable``)."""
+    _deferring: bool = False
+    """The model was loaded from the ledger's snapshot: a namespace may be unbuilt (a
+    record builds the namespaces it names before it changes anything: :meth:`_apply`)."""
+    _at: int | None = None
+    """The journal's offset of the record being applied (None: none is), where a build that
+    falls back replays the journal up to (:meth:`_snapshot_damaged`)."""
+    _replaying: bytes | None = None
+    """The journal's bytes a whole replay is applying (:meth:`_replay_whole`)."""
     _verified: dict[str, str] = {}  # noqa: RUF012  (replaced, never changed in place)
     """Path -> rid of the files whose size the snapshot this model was loaded from found
     equal to their record when it was written (:meth:`RootLedger._reconcile_sizes` need
@@ -215,6 +259,7 @@ class LedgerModel:
         self._inode: int | None = None
         self._offset = 0
         self._recorded_budget: int | None = None
+        self._deferring = False
 
     def _space(self, ns: str) -> Namespace:
         if ns not in self._spaces:
@@ -295,6 +340,8 @@ class LedgerModel:
         if op == "budget":
             self._recorded_budget = rec["bytes"]  # the last one recorded holds
             return
+        if self._deferring:
+            self._build_named(rec)
         if op == "use":
             for rid in rec["rids"]:
                 path = self._by_rid.get(rid)
@@ -331,6 +378,109 @@ class LedgerModel:
                 space.disk.keep_keys(r.fid, left)
         elif op == "size":
             space.disk.resize(r.fid, rec["bytes"])
+
+    def _build_named(self, rec: dict[str, Any]) -> None:
+        """Build the unbuilt namespaces record ``rec`` changes, before it changes anything:
+        one that falls back to the full replay replays the journal up to ``rec``
+        (:attr:`_at`), which is then applied to that model as to this one."""
+        op = rec["op"]
+        if op == "use":
+            paths = [self._by_rid.get(rid) for rid in rec["rids"]]
+        else:
+            paths = [rec["path"] if op == "add" else self._current(rec)]
+        names = {self._res[p].ns for p in paths if p is not None and p in self._res}
+        if op == "add":
+            names.add(rec["ns"])
+        for ns in sorted(names):
+            space = self._spaces.get(ns)
+            if isinstance(space, DeferredNamespace):
+                space.ensure_built()
+
+    def _build_all(self) -> None:
+        """Build every unbuilt namespace (before an operation that changes several)."""
+        if self._deferring:
+            for space in list(self._spaces.values()):
+                if isinstance(space, DeferredNamespace):
+                    space.ensure_built()
+
+    def _snapshot_damaged(self, error: Damaged) -> None:
+        """A namespace of the snapshot this model was loaded from did not hold when it was
+        built (``error``; only a payload forged with its digest gets there): the snapshot is
+        not used any further, and the model becomes the full replay of the journal up to
+        where it is (:attr:`_at`, else :attr:`_offset`), as a start without the snapshot
+        would have built it; every namespace takes its part of that replay, so no other is
+        built from the payload and this happens once.  Under the model's lock; the
+        operation that built it goes on with the replayed model."""
+        from vllm_adapter.disk import ledger_snapshot
+
+        with self._thread_lock:
+            at = self._offset if self._at is None else self._at
+            inode = self._inode
+            if self._replaying is not None:
+                data = self._replaying[:at]
+            else:
+                try:
+                    f = open(self.ledger_path, "rb")
+                except FileNotFoundError:
+                    data, inode = b"", None
+                else:
+                    with f:
+                        st = os.fstat(f.fileno())
+                        if st.st_ino != self._inode or st.st_size < at:
+                            # another engine replaced it since it was read (a reader outside
+                            # the root's lock): its model is the journal now on disk
+                            assert self._at is None, "a journal replaced while applying it"
+                            data, inode = f.read(st.st_size), st.st_ino
+                        else:
+                            data = f.read(at)
+            replayed = ledger_snapshot.replay(self.ledger_path, data, self._chunkings,
+                                              snapshot=False)
+            logger.warning(
+                "kvchunk: the ledger's snapshot of %s is damaged (%s): its model replaced by "
+                "the full replay of the journal (%d bytes)", self.root, error, replayed._offset)
+            self._use_snapshot = False
+            self.snapshot_start = "damaged"
+            self.counters.add(snapshot_fallbacks=1)
+            self._take_model(replayed)
+            self._inode = inode
+
+    def _take_model(self, other: LedgerModel) -> None:
+        """Become ``other``'s model, keeping the objects an operation may hold: a namespace
+        takes its part of ``other``'s (one ``other`` lacks, an empty one), a reservation its
+        fields; events for the files that came, went or were written."""
+        before = {p: r.ns for p, r in self._res.items()}
+        pending = set(self._pending)
+        spaces: dict[str, Namespace] = {}
+        for ns, space in other._spaces.items():
+            mine = self._spaces.get(ns)
+            if mine is None:
+                spaces[ns] = space
+            else:
+                mine.take(space)
+                spaces[ns] = mine
+        for ns, mine in self._spaces.items():
+            if ns not in spaces:
+                structure = PrefixStructure(self._chunkings.get(ns))
+                mine.take(Namespace(structure, Disk(structure)))
+        res: dict[str, Reservation] = {}
+        for path, r in other._res.items():
+            held = self._res.get(path)
+            if held is not None:
+                held.rid, held.ns, held.fid = r.rid, r.ns, r.fid
+                held.owner, held.line_bytes = r.owner, r.line_bytes
+                r = held
+            res[path] = r
+        self._spaces, self._res = spaces, res
+        self._by_rid, self._pending = dict(other._by_rid), set(other._pending)
+        self._clock, self._recorded_budget = other._clock, other._recorded_budget
+        self._offset, self._compacted_bytes = other._offset, other._compacted_bytes
+        self._verified, self._deferring = {}, False
+        for path, ns in before.items():
+            if path not in res:
+                self._event(ns, path, False)
+        for path, r in res.items():
+            if path not in self._pending and (path not in before or path in pending):
+                self._event(r.ns, path, True)
 
     def _add(self, rec: dict[str, Any], line_bytes: int) -> None:
         path, rid = rec["path"], rec["rid"]
@@ -439,7 +589,11 @@ class LedgerModel:
                 self.counters.add(snapshot_loads=1)
             else:
                 self.counters.add(snapshot_fallbacks=1)
-        self._apply_lines(data[self._offset:] if self._offset else data)
+        self._replaying = data
+        try:
+            self._apply_lines(data[self._offset:] if self._offset else data)
+        finally:
+            self._replaying = None
         self._compacted_bytes = sum(r.line_bytes for r in self._res.values())
 
     def _replay(self, f: Any, size: int) -> None:
@@ -450,15 +604,23 @@ class LedgerModel:
 
     def _apply_lines(self, data: bytes) -> None:
         """Apply the whole lines of ``data``, the journal from :attr:`_offset`."""
+        base = self._offset
         end = data.rfind(b"\n") + 1
-        for line in data[:end].splitlines():
-            rec = decode(line)
-            if rec is None:
-                if line.strip():
-                    self.counters.add(journal_records_skipped=1)
-                continue
-            self._apply(rec, len(line) + 1)
-        self._offset += end
+        at = base
+        try:
+            for raw in data[:end].splitlines(keepends=True):
+                line = raw.rstrip(b"\r\n")  # (one line ending: \n, \r or \r\n)
+                self._at = at
+                at += len(raw)
+                rec = decode(line)
+                if rec is None:
+                    if line.strip():
+                        self.counters.add(journal_records_skipped=1)
+                    continue
+                self._apply(rec, len(line) + 1)
+        finally:
+            self._at = None
+        self._offset = base + end
 
     def _append(self, records: Sequence[dict[str, Any]]) -> None:
         """Append ``records`` whole, then apply them; a write that fails (a full disk)
@@ -494,10 +656,18 @@ class LedgerModel:
             self._offset = start + len(data)
         finally:
             os.close(fd)
-        for r in records:
-            rec = decode(encode(r))
-            assert rec is not None, r
-            self._apply(rec, len(encode(r)))
+        at = start + len(data) - sum(len(encode(r)) for r in records)
+        try:
+            for r in records:
+                line = encode(r)
+                rec = decode(line)
+                assert rec is not None, r
+                self._at = at
+                at += len(line)
+                self._apply(rec, len(line))
+        finally:
+            self._at = None
+        self._offset = at
 
     # -- dead owners ------------------------------------------------------------
 

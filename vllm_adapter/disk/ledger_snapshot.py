@@ -50,10 +50,17 @@ file's keys, the journal's tail when it names the namespace.  A start needs only
 load installs: the reservations, each namespace's bytes, stranded bytes and chunking, and
 which files are written (those not pending: the build checks each record agrees).  The
 stranded bytes are the namespace's when the snapshot was written (nothing changes them while
-it is unbuilt), so the gauge vLLM's scheduler thread reads never pays a build.  A build whose fields do
-not hold raises :class:`Damaged` from that operation and leaves the namespace unbuilt; the
-payload's digest was checked at the load, so only a payload forged with its digest gets
-there.  A snapshot written while a namespace is unbuilt writes its blob again.
+it is unbuilt), so the gauge vLLM's scheduler thread reads never pays a build.  A build whose
+fields do not hold (the payload's digest was checked at the load, so only a payload forged
+with its digest gets there) falls back to the full replay, as a start without the snapshot
+would have replayed: the model becomes the journal's full replay up to where it stands
+(:meth:`~vllm_adapter.disk.ledger_model.LedgerModel._snapshot_damaged`, once, under the
+model's lock; every namespace takes its part of it, none is built from the payload any more,
+the operation that built it goes on with that model; counted in ``snapshot_fallbacks``,
+logged), and the engine's snapshots are written from full replays from then on.  A record
+builds the namespaces it names before it changes anything, so the replay stops at that
+record, which is then applied to it.  A snapshot written while a namespace is unbuilt writes
+its blob again.
 
 **Sizes at a start** (:meth:`~vllm_adapter.disk.ledger.RootLedger._reconcile_sizes`): a
 start from a snapshot the shutdown wrote does not ``stat`` the files the snapshot holds
@@ -114,7 +121,7 @@ import xxhash
 from reference.eviction import Disk, EvictionRule
 from reference.knobs import Chunking
 from reference.prefix_structure import PrefixStructure
-from vllm_adapter.disk.ledger_model import DeferredNamespace
+from vllm_adapter.disk.ledger_model import Damaged, DeferredNamespace
 
 if TYPE_CHECKING:
     from vllm_adapter.disk.ledger_model import LedgerModel, Namespace
@@ -122,6 +129,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RESERVE_SHARE",
     "SNAPSHOT_FILE",
+    "Damaged",
     "chunking_binding",
     "encode",
     "journal_digest",
@@ -272,10 +280,6 @@ def write(root: str, owner: str, data: bytes, io: Any) -> None:
 # -- reading ------------------------------------------------------------------
 
 
-class Damaged(ValueError):
-    pass
-
-
 def _check(ok: bool) -> None:
     if not ok:
         raise Damaged("a field of the wrong type")
@@ -393,13 +397,15 @@ def _install(model: LedgerModel, state: Any, length: int) -> str:
         waiting = frozenset(res[p].fid for p in pending if res[p].ns == ns)
         build = functools.partial(_build, ns, chunking, blob, count, nbytes, waiting,
                                   paths, nss, fids)
-        model._spaces[ns] = DeferredNamespace(build, nbytes, chunking, waiting, blob, stranded)
+        model._spaces[ns] = DeferredNamespace(build, nbytes, chunking, waiting, blob, stranded,
+                                              model._snapshot_damaged)
     model._res = res
     model._by_rid = by_rid
     model._pending = set(pending)
     model._recorded_budget = budget
     model._clock = clock
     model._offset = length
+    model._deferring = True
     if skipped:
         model.counters.add(journal_records_skipped=skipped)
     return "used"
@@ -500,10 +506,12 @@ def _fill_disk(disk: Disk, state: Any) -> None:
 # -- a replay of its own --------------------------------------------------------
 
 
-def replay(ledger_path: str, journal: bytes, chunkings: Mapping[str, Chunking]) -> LedgerModel:
+def replay(ledger_path: str, journal: bytes, chunkings: Mapping[str, Chunking], *,
+           snapshot: bool = True) -> LedgerModel:
     """A fresh replay of the journal's bytes ``journal`` (from the current snapshot and the
-    tail when it binds), the model a snapshot is written from: no lease, no lock of its
-    own (the caller holds the root's), nothing this engine observed itself."""
+    tail when it binds; ``snapshot`` False: every line), the model a snapshot is written
+    from: no lease, no lock of its own (the caller holds the root's), nothing this engine
+    observed itself."""
     from vllm_adapter.disk.ledger_model import BudgetCounters, LedgerIO, LedgerModel
 
     model = LedgerModel()
@@ -516,7 +524,7 @@ def replay(ledger_path: str, journal: bytes, chunkings: Mapping[str, Chunking]) 
     model._chunkings = dict(chunkings)
     model._kept = {}
     model._compacted_bytes = 0
-    model._use_snapshot = True
+    model._use_snapshot = snapshot
     model._reset()
     model._replay_whole(journal)
     return model

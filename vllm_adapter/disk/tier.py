@@ -82,7 +82,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import json
 import logging
 import os
@@ -713,7 +712,7 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
                          begin=begin, load=load, end=end).tasks
 
 
-POOL_THREAD_KEYS = ("n_read_threads", "n_write_threads")
+POOL_THREAD_KEYS = V.FS_TIER_POOL_PARAMETERS
 """The fs tier entry's keys whose threads vLLM's pool starts (read- and write-priority)."""
 
 
@@ -721,9 +720,9 @@ def configured_pool_threads(tier_config: Mapping[str, Any]) -> int:
     """The threads vLLM's I/O pool starts for the fs tier entry ``tier_config`` (what
     :func:`~vllm_adapter.disk.packed_split.pool_threads` finds on the started tier):
     ``n_read_threads + n_write_threads``, each vLLM's ``FileSystemTierManager`` default
-    when the entry does not give it."""
-    params = inspect.signature(V.FileSystemTierManager.__init__).parameters
-    return sum(int(tier_config.get(k, params[k].default)) for k in POOL_THREAD_KEYS)
+    when the entry does not give it (:func:`~vllm_adapter.vllm_api.fs_tier_pool_defaults`)."""
+    defaults = V.fs_tier_pool_defaults()
+    return sum(int(tier_config.get(k, defaults[k])) for k in POOL_THREAD_KEYS)
 
 
 def configured_load_split(tier_config: Mapping[str, Any]) -> RS.LoadSplit | None:
