@@ -47,6 +47,7 @@ from reference.eviction import EvictionRule, unit_last_use
 from reference.knobs import Chunking
 from reference.prefix_structure import PrefixStructure
 from vllm_adapter.disk import ledger_snapshot
+from vllm_adapter.disk.atomic_file import TEMP_SUFFIX, temp_path
 from vllm_adapter.disk.journal import encode, fragment_json, hex_keys
 from vllm_adapter.disk.lease import LEASE_SECONDS, FlockUnsupported, Lease, RootLock
 from vllm_adapter.disk.ledger_model import (
@@ -69,8 +70,6 @@ __all__ = [
     "ledger_reserve",
 ]
 
-TEMP_SUFFIX = ".tmp"
-"""The suffix of a writer's temporary files (:data:`vllm_adapter.disk.chunk_file.TEMP_SUFFIX`)."""
 USE_BATCH = 64
 """Reads are journaled in batches: at the next locked operation, or once this many wait."""
 RESERVE_MIN = 1 << 20
@@ -456,8 +455,7 @@ class RootLedger(LedgerModel):
         failed: list[str] = []
         for path, victim in reuse.items():
             src = os.path.join(self.root, victim)
-            dst = f"{os.path.join(self.root, path)}.{os.getpid()}-{threading.get_ident()}-" \
-                  f"{os.urandom(4).hex()}{TEMP_SUFFIX}"
+            dst = temp_path(os.path.join(self.root, path))
             try:
                 try:
                     self.io.replace(src, dst)
