@@ -67,7 +67,10 @@ The benchmarks (``conformance/bench/test_*.py``; each records its numbers in
     ``block_size`` 512 (``conformance/bench/test_bench_packed.py``): files written,
     file opens for reads and bytes written (exact ratios; targets <= 1/4, <= 1/2,
     <= 1.05), and the wall time to store and load the workload on the disk as it
-    is (>= 0.95) and on an emulated metadata-bound file system
+    is (>= 0.95; the packed stores and loads split across the pool as the tier splits
+    them; beside it, timed in the same rounds and without a target, kvchunk's own
+    checksummed per-chunk tier as a second baseline: packed vs it is the layout alone,
+    it vs vLLM's the integrity alone) and on an emulated metadata-bound file system
     (:mod:`conformance.bench.metafs`: a FUSE passthrough whose metadata requests queue at
     one server of 2,000 or 10,000 operations/s shared by every client thread; data
     passes straight through): at 2,000 operations/s stores >= 8 and loads >= 3; the

@@ -1,4 +1,5 @@
-"""Disk: kvchunk's packed file tier vs vLLM's per-chunk fs tier, on a preset workload's jobs.
+"""Disk: kvchunk's packed file tier vs vLLM's per-chunk fs tier (and, on the plain disk,
+kvchunk's own checksummed per-chunk tier), on a preset workload's jobs.
 
 The jobs come from the reference: the ``chat`` and ``agentic`` presets
 (:mod:`reference.workload`), cut to the requests of their first sessions summing to at least
@@ -8,7 +9,7 @@ fixture geometry (as :func:`conformance.bench.economics.file_economics` and the 
 derive it; vLLM's engine is not run).  A recording engine keeps every store job's
 new keys and every load job's keys, in order.
 
-Both variants move the same rows of one page-aligned buffer (one row per key) on
+Every variant moves the same rows of one page-aligned buffer (one row per key) on
 vLLM's ``DualQueueThreadPool`` with its 16 + 16 threads, ``O_DIRECT`` when the
 directory supports it, the page cache dropped before every read pass:
 
@@ -16,19 +17,34 @@ directory supports it, the page cache dropped before every read pass:
   written and read by vLLM's ``batch_store_block`` / ``batch_load_block``, one pool
   task per job;
 * **packed** (kvchunk's tier): per store job a file of its full-attention keys and one of
-  its window keys (:func:`reference.packed.store_job_files`; one pool task per job, as
-  ``KvchunkFileTierManager``; :func:`vllm_adapter.disk.packed_io.store_packed_file`, every key
-  a checksummed section), and
+  its window keys (:func:`reference.packed.store_job_files`; every key a checksummed
+  section), stored as ``KvchunkFileTierManager`` stores them: one pool task per job
+  (:meth:`~vllm_adapter.disk.fileio.TierFileIO.store_packed`), a job of at least twice
+  ``KvchunkFileTierManager.store_part_bytes`` of new sections in parts, one pool task each
+  (:func:`vllm_adapter.disk.packed_split.store_job_parts` on the pool's 32 threads decides,
+  for the tier and here; a :class:`~vllm_adapter.disk.packed_split.SplitStore`: the first
+  part creates each file's temporary file at its full size, each part hashes and writes
+  its range of sections in one vectored write, the last writes the headers and renames;
+  here every file is admitted, no ledger); and
   per load job one :func:`~vllm_adapter.disk.packed_file.load_packed` per distinct file
   (:func:`vllm_adapter.disk.packed_io.load_packed_files` over a :class:`PackedIndex`), a
   job of at least twice ``KvchunkFileTierManager.load_part_bytes`` in slices of adjacent
   sections, one pool task each, as the tier splits it by default
-  (:func:`vllm_adapter.disk.packed_split.split_load_job` on the pool's 32 threads).
+  (:func:`vllm_adapter.disk.packed_split.split_load_job` on the pool's 32 threads);
+* **kvchunk per chunk** (kvchunk's tier, ``layout = "per_chunk"``; plain disk only): the
+  per-chunk layout of vLLM's tier (the same ``FileMapper`` names, under their own
+  directory), every key a checksummed chunk file (4 KiB header, the tier's payload
+  checksum, temp file + rename; :meth:`~vllm_adapter.disk.fileio.TierFileIO.store_chunks`),
+  read back with every file's header and checksum verified
+  (:meth:`~vllm_adapter.disk.fileio.TierFileIO.load_chunks`), one pool task per job as the
+  tier runs it.  The second baseline: packed vs it is the layout alone (both checksummed),
+  it vs vLLM's per chunk the integrity alone (the same layout).  No target.
 
 A row is one CPU-tier chunk row (``round_up(worker_kv_bytes_per_block x copies x
 blocks_per_chunk, 4096)``, the per-chunk tier's file), scaled down so one variant's
 store moves about ``KVCHUNK_BENCH_PACKED_MB`` MiB (default 256); the rows record both
-sizes.  Each pass is timed on the disk as it is, and on an **emulated metadata-bound file
+sizes.  Each pass is timed on the disk as it is (the three variants in the same rounds),
+and (packed and vLLM's per chunk) on an **emulated metadata-bound file
 system** (:mod:`conformance.bench.metafs`): the same directory mounted through a FUSE
 passthrough whose metadata requests (lookups, ``stat``, ``access``, ``create``, ``open``,
 ``rename``, ``unlink``, ``mkdir``, directory reads, ``fsync``, ...) queue at **one server**
@@ -50,7 +66,8 @@ its own lower bound (its metadata waits and its data did not overlap), not that 
 tier beat the mount.  A target above a row's bound is a wrong target, not a miss: that row
 is recorded with ``target_above_bound`` and is not checked.
 
-Targets (:data:`conformance.bench.TARGETS`, every preset and geometry): packed files
+Targets (:data:`conformance.bench.TARGETS`, every preset and geometry; against vLLM's
+per-chunk tier only): packed files
 written <= 1/4 of per-chunk, file opens for reads <= 1/2, bytes written <= 1.05 x (counts:
 exact, no interval); wall time on the plain disk >= 0.95 x, and on the emulated file system
 at 2,000 operations/s stores >= 8 x and loads >= 3 x faster (time ratios: per-chunk time /
@@ -106,6 +123,7 @@ from vllm_adapter.disk import packed_file as P  # noqa: E402
 from vllm_adapter.disk import packed_io as PIO  # noqa: E402
 from vllm_adapter.disk import packed_split as PS  # noqa: E402
 from vllm_adapter.disk import tier as S  # noqa: E402
+from vllm_adapter.disk.fileio import TierFileIO  # noqa: E402
 
 BLOCK_SIZE = 512
 WORKLOADS = ("chat", "agentic")
@@ -122,6 +140,10 @@ FLOOR_PASSES = env_int("KVCHUNK_BENCH_PACKED_FLOOR_PASSES", 2)
 """Unthrottled passes per tier on the mount; the best is the tier's floor (see ``bound``)."""
 PAGE = 4096
 SIDES = ("packed", "per_chunk")
+"""The tiers every wall-time row times: kvchunk's packed tier and vLLM's per-chunk tier."""
+KVCHUNK_PER_CHUNK = "kvchunk_per_chunk"
+"""The second baseline on the plain disk: kvchunk's own checksummed per-chunk tier."""
+DISK_SIDES = (*SIDES, KVCHUNK_PER_CHUNK)
 
 
 @dataclass(frozen=True)
@@ -246,8 +268,17 @@ class PackedCase:
         }
         self.packed_dir = os.path.join(root, "packed-tier")
         self.io = S.ChunkIO(namespace=bytes(16), o_direct=self.o_direct)
+        self.file_io = TierFileIO()
         self.index = PIO.PackedIndex()
-        self.job_seconds: dict[str, list[float]] = {side: [] for side in SIDES}
+        # kvchunk's per-chunk tier: vLLM's names under its own directory, each file a
+        # checksummed chunk file of the tier's key identity (its own counters)
+        tier_dir = os.path.join(root, "tier")
+        self.kvchunk_dir = os.path.join(root, "kvchunk-tier")
+        self.kvchunk_path = {k: self.kvchunk_dir + p[len(tier_dir):]
+                             for k, p in self.path.items()}
+        self.key_id = {k: S.key_digest(V.make_offload_key(*split_key(k))) for k in keys}
+        self.chunk_io = S.ChunkIO(namespace=bytes(16), o_direct=self.o_direct)
+        self.job_seconds: dict[str, list[float]] = {side: [] for side in DISK_SIDES}
         """Each job's time from its first task's start to its last task's end, per tier,
         over every pass since cleared (the per-job percentiles beside the makespan)."""
 
@@ -258,11 +289,11 @@ class PackedCase:
         self.buffer.close()
         shutil.rmtree(self.backing, ignore_errors=True)
 
-    def loaded_intact(self) -> bool:
-        """Zero the buffer, load every load job through the packed tier: does every loaded
-        row's every page hold its own number again?"""
+    def loaded_intact(self, load: Callable[[], None] | None = None) -> bool:
+        """Zero the buffer, load every load job through ``load`` (default: the packed
+        tier's): does every loaded row's every page hold its own number again?"""
         self.array[:] = 0
-        self.packed_load()
+        (load or self.packed_load)()
         per_row = self.row_bytes // PAGE
         loaded = sorted({self.row[k] for job in self.jobs.loads for k in job})
         pages = np.concatenate([np.arange(r * per_row, (r + 1) * per_row) for r in loaded])
@@ -325,20 +356,48 @@ class PackedCase:
 
     # -- packed: kvchunk's tier ---------------------------------------------
 
-    def _store_one(self, job: Sequence[bytes]) -> None:
-        """One store job: its files (:func:`reference.packed.store_job_files`), one after
-        the other, as the tier's store task writes them."""
-        for keys in RP.store_job_files(job, self.jobs.full_groups):
+    def _store_one(self, files: Sequence[Sequence[bytes]]) -> None:
+        """One store job in one task: its files, one after the other, as the tier's store
+        task writes them."""
+        for keys in files:
             path = P.packed_name(self.packed_dir, keys)
-            sections = PIO.store_packed_file(
+            header = self.file_io.store_packed(
                 path, keys, self.view, self.offsets(keys), self.row_bytes, self.io
             )
-            self.index.add(path, sections)
+            self.index.add(path, header)
 
     def packed_store(self) -> None:
+        """The packed tier's store of each job, as ``KvchunkFileTierManager`` runs it: one
+        task, or a large job's :class:`~vllm_adapter.disk.packed_split.SplitStore` parts,
+        one task each (:func:`~vllm_adapter.disk.packed_split.store_job_parts` with the
+        tier's part size on this pool's threads)."""
         self._run("packed", self.pool.enqueue_store, [
-            [functools.partial(self._store_one, job)] for job in self.jobs.stores
+            self._packed_store_tasks(job) for job in self.jobs.stores
         ])
+
+    def _packed_store_tasks(self, job: Sequence[bytes]) -> list[Any]:
+        files = [tuple(f) for f in RP.store_job_files(job, self.jobs.full_groups)]
+        n = PS.store_job_parts(len(job), self.row_bytes, PS.pool_threads(self.pool),
+                               S.KvchunkFileTierManager.store_part_bytes)
+        if n == 1:
+            return [functools.partial(self._store_one, files)]
+
+        def reserve() -> list[tuple[str, tuple[bytes, ...]]]:  # no ledger: every file admitted
+            return [(P.packed_name(self.packed_dir, keys), keys) for keys in files]
+
+        def complete(results: list[tuple[str, bool]]) -> None:
+            failed = [path for path, ok in results if not ok]
+            assert not failed, f"split store failed: {failed}"
+
+        def failed(error: BaseException) -> None:  # the last sub-task raises it: the job fails
+            pass
+
+        offset_of = {k: self.row[k] * self.row_bytes for k in job}
+        return PS.SplitStore(
+            n, reserve=reserve, complete=complete, written=self.index.add, failed=failed,
+            file_io=self.file_io, io=self.io, view=self.view, offset_of=offset_of,
+            size=self.row_bytes,
+        ).tasks
 
     def packed_load(self) -> None:
         """The packed tier's load of each job, as ``KvchunkFileTierManager`` runs it by
@@ -367,6 +426,32 @@ class PackedCase:
     def remove_packed_files(self) -> None:
         shutil.rmtree(os.path.join(self.backing, "packed-tier"), ignore_errors=True)
         self.index = PIO.PackedIndex()
+
+    # -- kvchunk per chunk: kvchunk's tier, per-chunk layout -------------------
+
+    def _kvchunk_args(self, job: Sequence[bytes]) -> tuple[Any, ...]:
+        return ([self.kvchunk_path[k] for k in job], [self.key_id[k] for k in job], self.view,
+                self.offsets(job), self.row_bytes, self.chunk_io)
+
+    def kvchunk_chunk_store(self) -> None:
+        """kvchunk's per-chunk layout, one task per job as ``KvchunkFileTierManager`` runs
+        it: each key's checksummed chunk file (4 KiB header, the tier's payload checksum,
+        temp file + rename), written by the tier's file I/O."""
+        self._run(KVCHUNK_PER_CHUNK, self.pool.enqueue_store, [
+            [functools.partial(self.file_io.store_chunks, *self._kvchunk_args(job))]
+            for job in self.jobs.stores
+        ])
+
+    def kvchunk_chunk_load(self) -> None:
+        """The job's chunk files read back, one task per job, every file's header and
+        payload checksum verified (:func:`~vllm_adapter.disk.chunk_file.batch_load_chunks`)."""
+        self._run(KVCHUNK_PER_CHUNK, self.pool.enqueue_load, [
+            [functools.partial(self.file_io.load_chunks, *self._kvchunk_args(job))]
+            for job in self.jobs.loads
+        ])
+
+    def remove_kvchunk_chunk_files(self) -> None:
+        shutil.rmtree(os.path.join(self.backing, "kvchunk-tier"), ignore_errors=True)
 
     # -- what each wrote -----------------------------------------------------
 
@@ -482,23 +567,29 @@ def _variants(
     direction: str,
     dropped: list[bool],
     wrap: Callable[[str, Callable[[], None]], Callable[[Any], None]] | None = None,
-) -> tuple[Variant, Variant]:
-    """The packed and the per-chunk pass of ``direction`` (``wrap(side, pass)``: each run)."""
-    if direction == "store":
-        packed, chunk = case.packed_store, case.chunk_store
-        packed_prepare, chunk_prepare = case.remove_packed_files, case.remove_chunk_files
-    else:
-        packed, chunk = case.packed_load, case.chunk_load
+    sides: Sequence[str] = SIDES,
+) -> dict[str, Variant]:
+    """Each side's pass of ``direction`` (``wrap(side, pass)``: each run): a store
+    removes the side's files first, a load drops the page cache first (neither timed)."""
+    passes: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {
+        "packed": (case.packed_store, case.remove_packed_files),
+        "per_chunk": (case.chunk_store, case.remove_chunk_files),
+        KVCHUNK_PER_CHUNK: (case.kvchunk_chunk_store, case.remove_kvchunk_chunk_files),
+    } if direction == "store" else {
+        "packed": (case.packed_load, lambda: None),
+        "per_chunk": (case.chunk_load, lambda: None),
+        KVCHUNK_PER_CHUNK: (case.kvchunk_chunk_load, lambda: None),
+    }
 
-        def cold() -> None:
-            dropped.append(drop_caches())
-
-        packed_prepare = chunk_prepare = cold
+    def cold() -> None:
+        dropped.append(drop_caches())
 
     def run(side: str, fn: Callable[[], None]) -> Callable[[Any], None]:
         return wrap(side, fn) if wrap is not None else (lambda _: fn())
 
-    return Variant(run("packed", packed), packed_prepare), Variant(run("per_chunk", chunk), chunk_prepare)
+    return {side: Variant(run(side, passes[side][0]),
+                          passes[side][1] if direction == "store" else cold)
+            for side in sides}
 
 
 def _one_pass(variant: Variant) -> float:
@@ -551,11 +642,37 @@ def _time_fields(m: Any, moved: int) -> dict[str, Any]:
     )
 
 
-def _job_percentiles(case: PackedCase) -> dict[str, Any]:
+def _second_baseline(m: Any, moved: int) -> dict[str, Any]:
+    """The plain disk's second baseline, kvchunk's own checksummed per-chunk tier (no
+    target: the issue sets its targets against vLLM's tier alone), which separates layout
+    from integrity: ``layout_ratio`` is its time / the packed tier's (the packed layout
+    alone, both checksummed; paired as the row's ``ratio``), ``integrity_ratio`` vLLM's
+    per-chunk time / its time (kvchunk's header, checksums and checks alone, the same
+    layout; each round runs vLLM's pass, then kvchunk's, then the packed one, so kvchunk's
+    pass ``i`` pairs with the mean of vLLM's passes ``i`` and ``i + 1`` around it)."""
+    kvchunk, vllm = m.baselines[KVCHUNK_PER_CHUNK], m.baselines["per_chunk"]
+    layout = m.interval(KVCHUNK_PER_CHUNK, speed=True)
+    rounds = len(m.candidate)
+    integrity = paired_interval(kvchunk[:rounds],
+                                [(a + b) / 2 for a, b in zip(vllm, vllm[1:], strict=False)],
+                                speed=True)
+    median = m.median(KVCHUNK_PER_CHUNK)
+    return {
+        "kvchunk_per_chunk_s_median": median,
+        "kvchunk_per_chunk_gbps": moved / median / 1e9,
+        "kvchunk_per_chunk_s": rounded(kvchunk),
+        "layout_ratio": layout.ratio,
+        "layout_ratio_ci": [layout.low, layout.high],
+        "integrity_ratio": integrity.ratio,
+        "integrity_ratio_ci": [integrity.low, integrity.high],
+    }
+
+
+def _job_percentiles(case: PackedCase, sides: Sequence[str] = SIDES) -> dict[str, Any]:
     """Each tier's per-job time (first task's start to last task's end), p50 and p99 over
     every job of the timed passes, beside the passes' makespan (the row's seconds)."""
     out: dict[str, Any] = {}
-    for side in SIDES:
+    for side in sides:
         times = np.asarray(case.job_seconds[side])
         out[f"{side}_jobs_timed"] = int(times.size)
         for q in (50, 99):
@@ -605,7 +722,9 @@ def _disk_limit(case: PackedCase, counts: dict[str, int], direction: str, moved:
 def test_packed_vs_per_chunk(
     benchmark: Any, disk_root: str, geometry: str, workload: str, direction: str
 ) -> None:
-    """Wall time on the disk as it is: per-chunk time / packed time."""
+    """Wall time on the disk as it is: per-chunk time / packed time, against vLLM's
+    per-chunk tier (the target) and kvchunk's own checksummed per-chunk tier (the second
+    baseline, :func:`_second_baseline`), timed in the same rounds."""
     jobs = workload_jobs(geometry, workload)
     assert jobs.stores and jobs.loads, f"{workload} stores or loads nothing at block_size 512"
     case = PackedCase(jobs, disk_root)
@@ -613,24 +732,30 @@ def test_packed_vs_per_chunk(
     try:
         counts = measured_counts(geometry, workload)
         case.chunk_store()
+        case.kvchunk_chunk_store()
         case.packed_store()
-        candidate, baseline = _variants(case, direction, dropped)
+        variants = _variants(case, direction, dropped, sides=DISK_SIDES)
         about = {"kind": "packed_time", "blocks_per_chunk": jobs.blocks_per_chunk,
                  "target_checked": True}
-        for side in SIDES:
+        for side in DISK_SIDES:
             case.job_seconds[side].clear()
-        m = measure(benchmark, candidate, {"per_chunk": baseline}, rounds=DISK_ROUNDS)
+        m = measure(benchmark, variants["packed"],
+                    {side: variants[side] for side in DISK_SIDES if side != "packed"},
+                    rounds=DISK_ROUNDS)
         row = _row_fields(jobs, counts, case, direction, dropped)
         record(
             benchmark, **about, **row, cost="disk as it is",
             filesystem=filesystem(os.path.realpath(disk_root)),
             **m.ratio_fields("per_chunk", speed=True, about=about),
             **_time_fields(m, row["bytes"]),
-            **_job_percentiles(case),
+            **_second_baseline(m, row["bytes"]),
+            **_job_percentiles(case, DISK_SIDES),
             **_disk_limit(case, counts, direction, row["bytes"], m.candidate),
         )
         if direction == "load":  # the timed rounds left the loaded rows as written
             assert case.loaded_intact(), "the packed tier read back other bytes than it wrote"
+            assert case.loaded_intact(case.kvchunk_chunk_load), (
+                "kvchunk's per-chunk tier read back other bytes than it wrote")
     finally:
         case.close()
 
@@ -700,8 +825,8 @@ def test_packed_vs_per_chunk_on_metadata_fs(
     try:
         case.chunk_store()
         case.packed_store()
-        candidate, baseline = _variants(case, direction, dropped, counted)
-        variants = {"packed": candidate, "per_chunk": baseline}
+        variants = _variants(case, direction, dropped, counted)
+        candidate, baseline = variants["packed"], variants["per_chunk"]
         floor = {side: min(_one_pass(variants[side]) for _ in range(FLOOR_PASSES))
                  for side in SIDES}
         floor_ops = {side: M.metadata_ops(passes[side][-1]) for side in SIDES}

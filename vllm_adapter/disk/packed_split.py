@@ -55,13 +55,21 @@ from vllm_adapter.disk.chunk_file import ChunkIO
 from vllm_adapter.disk.fileio import TierFileIO
 
 __all__ = ["MAX_PARTS", "PART_BYTES", "Part", "SplitLoad", "SplitStore", "load_job_slices",
-           "part_count", "pool_threads", "split_load_job", "split_parts"]
+           "part_count", "pool_threads", "split_load_job", "split_parts", "store_job_parts"]
 
 
 def pool_threads(pool: Any) -> int:
     """The threads of vLLM's I/O pool (its ``DualQueueThreadPool``: the read-priority and
     the write-priority threads together); a job's sub-tasks are at most these."""
     return len(getattr(pool, "_threads", ())) or 1
+
+
+def store_job_parts(new_keys: int, size: int, threads: int, part_bytes: int = PART_BYTES) -> int:
+    """How many sub-tasks a packed store job of ``new_keys`` sections of ``size`` payload
+    bytes gets on a pool of ``threads`` threads (:func:`part_count` of its payload; 1: one
+    task, more: a :class:`SplitStore` of that many).  The tier decides by it, and the
+    packed bench (``conformance/bench/test_bench_packed.py``) runs its stores by it."""
+    return part_count(new_keys * size, threads, part_bytes)
 
 
 @dataclass(frozen=True)

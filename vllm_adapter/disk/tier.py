@@ -131,9 +131,9 @@ from vllm_adapter.disk.packed_split import (
     PART_BYTES,
     SplitLoad,
     SplitStore,
-    part_count,
     pool_threads,
     split_load_job,
+    store_job_parts,
 )
 from vllm_adapter.disk.tier_budget import (
     POLL_SECONDS,
@@ -589,8 +589,8 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         def name_of(ks: Sequence[bytes]) -> str:
             return P.packed_name(self.namespace_dir, ks)
 
-        n = part_count(len(new) * self._block_size, self._store_threads(),
-                       self.store_part_bytes)
+        n = store_job_parts(len(new), self._block_size, self._store_threads(),
+                            self.store_part_bytes)
         if n > 1:  # queue depth inside the job (vllm_adapter.disk.packed_split)
             def reserve() -> list[tuple[str, tuple[bytes, ...]]]:
                 admitted = reserve_files(self.budget, files, name_of, self._file_bytes,
