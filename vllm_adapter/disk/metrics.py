@@ -106,8 +106,9 @@ BUDGET_COUNTERS: dict[str, str] = {
         "snapshot (only the journal after it replayed)."
     ),
     "snapshot_fallbacks": (
-        "Starts of this kvchunk file tier that replayed the whole ledger journal: the "
-        "ledger's snapshot was missing, stale or damaged."
+        "Whole replays of the ledger journal by this kvchunk file tier in place of its "
+        "snapshot: at a start whose snapshot was missing, stale or damaged, or when a "
+        "namespace of a loaded snapshot did not hold when first used."
     ),
     "snapshots_written": "Ledger snapshots this kvchunk file tier wrote (compaction, shutdown).",
     "files_recycled": (
