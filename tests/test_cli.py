@@ -1302,6 +1302,29 @@ def test_disk_runs_report_refusals_drops_recomputation_and_bytes() -> None:
 
 @pytest.mark.vllm
 @needs_vllm
+def test_disk_bytes_below_the_files_of_one_chunk_is_one_line_naming_that_size() -> None:
+    """Issue #31, bad input: ``--disk-bytes`` below the smallest packed files a full chunk
+    needs (the tier's own floor, :func:`vllm_adapter.disk.budget.min_disk_bytes`: a file of
+    the full-attention sections and one of the window sections, one CPU-tier row each) is
+    a one-line error naming that size; that size itself is served."""
+    from vllm_adapter.disk.budget import min_disk_bytes
+    from vllm_adapter.disk.chunk_file import HEADER_SIZE
+    from vllm_adapter.planning import fixture_knob
+
+    knob = fixture_knob("deepseek-v4-flash-tp4", "block_size", 512)
+    smallest = min_disk_bytes("packed", knob.row.row_bytes(), len(knob.chunking.groups),
+                              HEADER_SIZE, full_groups=len(knob.chunking.full_groups))
+    assert smallest > knob.row.row_bytes()
+    flags = [*DSV4, "--block-size", "512", "--workload", "agentic"]
+    assert_one_line_error(*run([*flags, "--disk-bytes", str(smallest - 1)]),
+                          f"--disk-bytes {smallest - 1} is smaller than the packed files one "
+                          f"full chunk needs ({smallest} bytes")
+    served = doc([*flags, "--disk-bytes", str(smallest)])["disk"]["at_budget"]
+    assert [r["budget_bytes"] for r in served] == [smallest, smallest]
+
+
+@pytest.mark.vllm
+@needs_vllm
 def test_sweep_disk_with_the_cpu_tier_in_front() -> None:
     """``--sweep-disk --cpu-bytes``: a second series at the same disk sizes with vLLM's CPU
     tier in front (``cpu_bytes // slot`` chunk slots).  A CPU tier that holds the whole

@@ -74,3 +74,48 @@ def test_the_curves_with_the_cpu_tier_in_front_hold_issue_31_s_target() -> None:
             assert cells[7].split("/")[0].strip() == "0.00 GiB", (curve.splitlines()[0], cells)
             best = max(best, front)
     assert best >= 5.0
+
+
+def test_section_10_s_ablation_table_is_the_script_s_and_agrees_with_the_curves() -> None:
+    """Issue #31 item 2: ``docs/semantics.md`` section 10 carries the ablation at the small
+    disk (``--sweep-disk``'s second point of the agentic curve, both models) with what each
+    variant costs (hit rate, stores refused, keys dropped by admission, tokens recomputed for
+    lack of space, bytes stranded and on disk), as ``scripts/disk_ablation.py --doc`` writes
+    it (``--check`` reruns it).  Its figures agree with ``reports/disk-curves.md`` at that
+    point (the rule with admission and refusals, LRU without admission, the rule without its
+    order, both on one file per store job), and no variant of the rule strands a byte."""
+    import re
+
+    section = DOC.read_text().split("\n## 10. ", 1)[1].split("\n## ", 1)[0]
+    found = re.search(r"<!-- generated:disk-ablation -->(.*?)<!-- /generated:disk-ablation -->",
+                      section, re.S)
+    assert found, "section 10 has no generated:disk-ablation region (scripts/disk_ablation.py --doc)"
+    region = found[1]
+    assert "scripts/disk_ablation.py" in region
+    report = (DOC.parent.parent / "reports" / "disk-curves.md").read_text()
+    tables = re.split(r"^#### ", region, flags=re.MULTILINE)[1:]
+    assert len(tables) == 2, [t.splitlines()[0] for t in tables]
+    for part in tables:
+        model = part.split(":", 1)[0]
+        assert "stores refused | keys dropped" in part and "recomputed for space/1M" in part
+        rows = {cells[0].strip(): cells for cells in
+                (line.strip("|").split("|") for line in part.splitlines()
+                 if line.startswith("| ") and not line.startswith("| variant"))}
+        assert len(rows) == 13, (model, list(rows))
+        curve = report.split(f"### {model}: agentic", 1)[1].split("\n### ", 1)[0]
+        size = re.search(r"\(([0-9.]+ GiB)\)", part.splitlines()[0])
+        assert size, part.splitlines()[0]
+        point = next(line.strip("|").split("|") for line in curve.splitlines()
+                     if line.startswith(f"| {size[1]} |"))
+        expect = {
+            "rule (leaves first), admission on, refused whole": point[1],
+            "LRU, admission off, refused whole": point[2],
+            "rule, recency only (no passed windows first)": point[4],
+            "rule, one file per store job (before #31)": point[5],
+            "LRU, one file per store job (before #31)": point[6],
+        }
+        for variant, hit_rate in expect.items():
+            assert rows[variant][1].strip() == hit_rate.strip(), (model, variant)
+        for variant, cells in rows.items():
+            if variant.startswith("rule"):
+                assert cells[6].strip() == "0.00 GiB", (model, variant, cells)

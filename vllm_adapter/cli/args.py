@@ -197,7 +197,8 @@ def _add_economics_flags(group: argparse._ArgumentGroup) -> None:
         help="serve the workload (scaled to ~1M prompt tokens of sessions over time) over a "
         "disk tier of SIZE bytes (e.g. 2TiB): hits, files read and evicted, tokens recomputed "
         "for lack of space, per million prompt tokens, under the eviction rule and plain LRU; "
-        f"with --spec-name {KVCHUNK_TIERING_SPEC_NAME}, also the fs tier's {DISK_BYTES_KEY}",
+        f"with --spec-name {KVCHUNK_TIERING_SPEC_NAME}, also the fs tier's {DISK_BYTES_KEY}; "
+        "at least the packed files one full chunk needs (the error names that size)",
     )
     group.add_argument(
         "--sweep-disk",

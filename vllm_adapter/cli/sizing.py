@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reference.knobs import BLOCKS_PER_CHUNK
+from reference.knobs import BLOCKS_PER_CHUNK, Chunking
 from reference.workload import Workload
 from vllm_adapter.cli.args import CliError, Request, spec_entries
 from vllm_adapter.cli.cpu_tier import GiB, cpu_tier, group_rows, memory_note
@@ -32,7 +32,8 @@ from vllm_adapter.cli.result import (
     WorkloadInfo,
 )
 from vllm_adapter.cli.sweeps import knob_sweep
-from vllm_adapter.disk.budget import DISK_BYTES_KEY
+from vllm_adapter.disk.budget import DISK_BYTES_KEY, min_disk_bytes
+from vllm_adapter.disk.chunk_file import HEADER_SIZE
 from vllm_adapter.disk_model import FS_MODELS
 from vllm_adapter.economics import fs_model_info, packed_loads_of, per_group_map, serve, traffic
 from vllm_adapter.metadata_model import metadata_economics
@@ -109,6 +110,22 @@ def _engine_info(request: Request, retention_interval: int | None) -> EngineInfo
     )
 
 
+def _check_disk_bytes(disk_bytes: int, chunking: Chunking, row_bytes: int) -> None:
+    """``--disk-bytes`` below the packed files one full chunk needs (the tier's own floor,
+    :func:`vllm_adapter.disk.budget.min_disk_bytes`: a file of its full-attention sections
+    and one of its window sections, one CPU-tier row each) is one line naming that size:
+    such a disk refuses every store."""
+    smallest = min_disk_bytes("packed", row_bytes, len(chunking.groups), HEADER_SIZE,
+                              full_groups=len(chunking.full_groups))
+    if disk_bytes < smallest:
+        raise CliError(
+            f"--disk-bytes {disk_bytes} is smaller than the packed files one full chunk needs "
+            f"({smallest} bytes: one section of {row_bytes} bytes per offloaded KV-cache group, "
+            "with the files' headers), so every store would be refused; give at least "
+            f"{smallest}"
+        )
+
+
 def plan(request: Request, *, debug: bool = False) -> Sizing:
     """Derive, resolve, and size: what every format renders."""
     derivation = derive(request, debug)
@@ -139,6 +156,8 @@ def plan(request: Request, *, debug: bool = False) -> Sizing:
     world_size = int(vllm_config.parallel_config.world_size)
     row = cpu_row(engine.offloading_config(knob.vllm_extra), world_size, blocks)
     cpu = cpu_tier(request.cpu_bytes, row, world_size, request.spec_name)
+    if request.disk_bytes is not None:
+        _check_disk_bytes(request.disk_bytes, knob.chunking, cpu.slot_bytes)
     if request.cpu_bytes is None:
         notes.append(
             f'add "cpu_bytes_to_use" (--cpu-bytes) before serving: {request.spec_name} requires it'

@@ -79,6 +79,7 @@ TARGETS: dict[str, tuple[str, str]] = {
     "eviction order": ("reference.eviction", "passed_windows_unit"),
     "window siblings": ("reference.eviction", "Disk.arrives_stranded"),
     "prefix-closed head": ("reference.eviction", "prefix_closed_head"),
+    "unit recency": ("reference.eviction", "unit_last_use"),
 }
 """Where each rule lives now (re-point here when the reference moves a function)."""
 
@@ -282,6 +283,13 @@ MUTANTS: tuple[Mutant, ...] = (
        "keys to be still to come: window chunks whose earlier siblings never arrive are "
        "admitted and stranded", "window siblings",
        one("return end is None or last is None or end > last", "return True")),
+    _r("rule_unit_recency_by_leaf", CAPACITY,
+       "the rule takes leaves' units by their least recently used file (in effect the leaf's "
+       "own use), not their most recently used: a tip's unit whose window file a new "
+       "session's hit at a shared junction has just read goes first, and the junction's "
+       "windows with it", "unit recency",
+       one("return max(disk.files[fid].last_use for fid in unit)",
+           "return min(disk.files[fid].last_use for fid in unit)")),
     _r("rule_head_without_windows", CAPACITY,
        "a prefix-closed head leaves out the window keys that make its boundaries whole (no hit "
        "can end at them)", "prefix-closed head",
