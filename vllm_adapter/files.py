@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
 from pathlib import Path
+
+from vllm_adapter.disk.atomic_file import PLAIN, write_atomically
 
 __all__ = ["write_text_atomic"]
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory, renamed
-    onto ``path``; the temporary name is unique per process and thread, and it is removed
-    if the write fails."""
-    tmp = f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
+    """Write ``text`` (UTF-8) to ``path`` atomically
+    (:func:`~vllm_adapter.disk.atomic_file.write_atomically`: a unique temporary file in
+    the same directory, renamed onto ``path``, removed if the write fails)."""
+    data = text.encode("utf-8")
+
+    def write(fd: int) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+
+    write_atomically(os.fspath(path), PLAIN, write, direct=False)

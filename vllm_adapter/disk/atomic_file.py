@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -23,8 +24,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "O_DIRECT",
+    "PLAIN",
     "STALE_TEMP_SECONDS",
     "TEMP_SUFFIX",
+    "WriteOptions",
     "open_temp",
     "sweep_stale_temps",
     "temp_path",
@@ -35,6 +38,19 @@ O_DIRECT = getattr(os, "O_DIRECT", 0)
 TEMP_SUFFIX = ".tmp"
 STALE_TEMP_SECONDS = 15 * 60
 """A temporary file this old was left by a writer that died (a write takes seconds)."""
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """How :func:`write_atomically` opens and finishes a file, for a writer that is not the
+    tier's (whose :class:`~vllm_adapter.disk.chunk_file.ChunkIO` carries the same two)."""
+
+    o_direct: bool = False
+    fsync: bool = False
+
+
+PLAIN = WriteOptions()
+"""Buffered and not fsync-ed: the reports, fixtures and stats files kvchunk writes."""
 
 
 def temp_path(path: str) -> str:
@@ -62,7 +78,7 @@ def open_temp(tmp: str, flags: int, recycled: bool) -> int:
 
 
 def write_atomically(
-    path: str, io: ChunkIO, write: Callable[[int], None], *, direct: bool = True,
+    path: str, io: ChunkIO | WriteOptions, write: Callable[[int], None], *, direct: bool = True,
     tmp: str | None = None,
 ) -> None:
     """Write a whole file at ``path``: ``write(fd)`` fills a unique temporary file in the same
