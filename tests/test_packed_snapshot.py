@@ -41,7 +41,8 @@ class Restart(Tier):
     """A tier started over ``root``, its index filled by :meth:`PackedIndex.start`; the
     headers the start read counted (``P.read_packed_index``, what the start calls)."""
 
-    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch, **io: Any) -> None:
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch,
+                 listing: list[str] | None = None, **io: Any) -> None:
         super().__init__(root, **io)
         self.headers_read: list[str] = []
         real = P.read_packed_index
@@ -52,7 +53,7 @@ class Restart(Tier):
 
         with monkeypatch.context() as m:
             m.setattr(P, "read_packed_index", counted)
-            self.started = self.index.start(self.root, self.io)
+            self.started = self.index.start(self.root, self.io, listing=listing)
 
 
 def _stored(tmp_path: Path) -> tuple[Tier, dict[str, dict[bytes, bytes]]]:
@@ -105,6 +106,42 @@ def test_without_a_snapshot_every_header_is_read(
     assert again.started == PIO.IndexStart(3, 0, 0, 3, 0, "missing")
     assert sorted(again.headers_read) == sorted(files)
     _loads_every_row(again, _every_row(files))
+
+
+@pytest.mark.parametrize("snapshot", [True, False])
+def test_a_start_given_the_listing_indexes_what_its_own_walk_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, snapshot: bool
+) -> None:
+    """A tier lists its namespace once at start and hands the index that listing: the
+    index then equals a start that walks the namespace itself, from the snapshot or not."""
+    tier, files = _stored(tmp_path)
+    if snapshot:
+        _save(tier)
+    walked = Restart(tmp_path, monkeypatch)
+    given = Restart(tmp_path, monkeypatch, listing=list(P.iter_packed_files(str(tmp_path))))
+    assert given.started == walked.started
+    assert given.started.files == 3 and given.started.from_snapshot == (3 if snapshot else 0)
+    assert sorted(given.index.snapshot_entries(given.root)) == sorted(
+        walked.index.snapshot_entries(walked.root))
+    _loads_every_row(given, _every_row(files))
+
+
+def test_a_file_the_listing_leaves_out_is_not_indexed_though_the_snapshot_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listing a tier hands its index leaves out the files its ledger's start removed
+    (an orphan, a file evicted for a smaller budget): their snapshot entries are dropped,
+    so no lookup finds a key whose file is gone, and no header is read for them."""
+    tier, files = _stored(tmp_path)
+    _save(tier)
+    gone = P.packed_name(str(tmp_path), B_KEYS)
+    listing = [p for p in P.iter_packed_files(str(tmp_path)) if p != gone]
+    again = Restart(tmp_path, monkeypatch, listing=listing)
+    assert again.started == PIO.IndexStart(2, 0, 2, 0, 1, "used"), again.started
+    assert not any(k in again.index for k in B_KEYS)
+    assert again.headers_read == []
+    _loads_every_row(again, {k: v for path, rows in files.items() if path != gone
+                             for k, v in rows.items()})
 
 
 def test_a_snapshot_of_a_restarted_index_describes_the_same_files(

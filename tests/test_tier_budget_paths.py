@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_ledger_state_machine import CHUNKING, NS  # noqa: I001
+from test_ledger_state_machine import CHUNKING, NS, Engine, _data_files, _store  # noqa: I001
 
 from reference.eviction import EvictionRule
 from vllm_adapter.disk.tier_budget import TierBudget
@@ -50,3 +50,25 @@ def test_a_path_outside_the_root_is_resolved(tmp_path: Path) -> None:
     tier = _tier(tmp_path / "root")
     path = str(tmp_path / "other" / "a.kvp")
     assert tier._rel(path) == os.path.relpath(path, tier.root)
+
+
+def test_held_is_a_starts_listing_less_what_the_start_and_other_engines_removed(
+        tmp_path: Path) -> None:
+    """A tier lists its namespace once at start (:func:`vllm_adapter.disk.tier.namespace_files`)
+    and indexes that listing less what :meth:`TierBudget.held` says the ledger no longer
+    holds: the orphan its start removed, and a file another engine removed since."""
+    a = Engine(tmp_path, "a")
+    a.start()
+    (kept,) = _store(a, 1)
+    a.tier.complete([(kept, True)])
+    (other,) = _store(a, 2)
+    a.tier.complete([(other, True)])
+    orphan = tmp_path / NS / "orphan.kvp"
+    orphan.write_bytes(b"\0" * 10)
+    listing = [str(p) for p in _data_files(tmp_path)]
+    assert sorted(listing) == sorted([kept, other, str(orphan)])
+    b = Engine(tmp_path, "b")
+    assert b.tier.start(listing)["orphans"] == 1 and not orphan.exists()
+    assert sorted(b.tier.held(listing)) == sorted([kept, other])
+    a.tier.forget([other])
+    assert b.tier.held(listing) == [kept]

@@ -20,13 +20,14 @@ writes it, but without the tier's cap (an eighth of the ledger's reserve, which 
 a root of :data:`FILES` such files (100,000 real files with ``KVCHUNK_PROFILE=deep``,
 20,000 by default, 5,000 with ``dev``; ``KVCHUNK_BENCH_BUDGET_FILES``), its budget exactly
 full, then what a tier does when it starts (``KvchunkFileTierManager.__init__``), each
-step timed: ``scan``, list the namespace's packed files (``_files_on_disk``); ``ledger``,
+step timed: ``scan``, list the namespace's files once (``namespace_files``); ``ledger``,
 ``TierBudget(...)`` (a :class:`~vllm_adapter.disk.budget.RootLedger` and its
 ``set_chunking``, which replays the ledger) and its ``start(on_disk)`` (replay,
 reconcile, budget, compaction when the ledger is large); ``index``,
-``PackedIndex().start`` (the snapshot read and checked, a listing to validate it
-against).  ``index_headers`` (not in the total): the same start without the snapshot
-(missing or damaged), one header read per file.  Each round restores the ledger as the
+``PackedIndex().start`` (the snapshot read and checked against the scan's listing,
+less what the ledger's start removed: ``TierBudget.held``).  ``index_headers`` (not in
+the total): the same start without the snapshot (missing or damaged), one header read
+per file.  Each round restores the ledger as the
 stores wrote it, then times a start with the page cache dropped (when the kernel lets
 us; the headline figure then, else the warm one; the cache is dropped again before the
 headers' start), and one with it warm, then the ledger step once more on the ledger the
@@ -260,9 +261,9 @@ class Root:
         io.replace = timed_replace  # type: ignore[method-assign]
         return tier
 
-    def on_disk(self) -> list[str]:
-        """``KvchunkFileTierManager._files_on_disk`` of the packed layout."""
-        return list(P.iter_packed_files(self.namespace_dir))
+    def on_disk(self) -> S.NamespaceFiles:
+        """The start's one listing of the namespace (:func:`vllm_adapter.disk.tier.namespace_files`)."""
+        return S.namespace_files(self.namespace_dir, "packed")
 
     def store(self, job: Job, payload: memoryview) -> None:
         """``KvchunkFileTierManager._packed_store_task``: reserve (evicting), write, complete."""
@@ -446,10 +447,10 @@ def restart(root: Root) -> Restart:
         on_disk = root.on_disk()
         t1 = time.perf_counter()
         tier = root.new_tier()
-        started = tier.start(on_disk)
+        started = tier.start(*on_disk)
         t2 = time.perf_counter()
         index = PIO.PackedIndex()
-        indexed = index.start(root.namespace_dir, root.io)
+        indexed = index.start(root.namespace_dir, root.io, listing=tier.held(on_disk.files))
         t3 = time.perf_counter()
     finally:
         gc.enable()
@@ -477,7 +478,7 @@ def ledger_start(root: Root) -> tuple[float, str]:
     try:
         t0 = time.perf_counter()
         tier = root.new_tier()
-        tier.start(root.on_disk())
+        tier.start(*root.on_disk())
         return time.perf_counter() - t0, tier.ledger.snapshot_start
     finally:
         gc.enable()
@@ -648,7 +649,7 @@ def eviction_overhead(benchmark: Any, full: Root, full_batches: Batches, empty_j
     (:func:`conformance.bench.measure`); the row's fields (``about`` first)."""
     stores = len(empty_jobs)
     full.tier = full.new_tier()
-    started = full.tier.start(full.on_disk())
+    started = full.tier.start(*full.on_disk())
     assert started["evicted"] == 0 and started["bytes"] == full.budget_bytes, started
     files_before = started["files"]
     full.phases = Phases()

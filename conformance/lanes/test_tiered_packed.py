@@ -22,6 +22,7 @@ their recomputed chunks were stored again).
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -137,8 +138,19 @@ SNAPSHOTS = {
     "current": lambda snap: None,
     "garbled": lambda snap: snap.write_bytes(snap.read_bytes()[:-1] + b"\0"),
     "missing": lambda snap: snap.unlink(),
+    "orphan": lambda snap: _orphan_copy(snap.parent),
 }
-"""What the second engine finds of the index snapshot the first wrote at shutdown."""
+"""What the second engine finds of the index snapshot the first wrote at shutdown
+(``orphan``: the snapshot is current, and a copy of a packed file no ledger names sits
+beside the files: the ledger's start removes it, and the index, handed the start's one
+listing less what the ledger removed, must not read it)."""
+
+
+def _orphan_copy(namespace_dir: Path) -> None:
+    first = next(iter(SF.packed_files(namespace_dir)))
+    orphan = first.parent / ("0" * len(first.name.removesuffix(P.PACKED_SUFFIX))
+                             + P.PACKED_SUFFIX)
+    shutil.copyfile(first, orphan)
 
 
 @pytest.mark.parametrize("snapshot", sorted(SNAPSHOTS))
@@ -187,11 +199,13 @@ def test_packed_restart_rebuilds_the_index_and_serves_from_files(
                f"{started}")
     assert files and stored > 0, summary
     assert started is not None and started.files == len(files), summary
-    used = snapshot == "current"
-    assert (started.from_snapshot, started.from_headers) == (
-        (len(files), 0) if used else (0, len(files))), summary
-    assert started.snapshot == {"current": "used"}.get(snapshot, snapshot.replace(
-        "garbled", "damaged")), summary
+    used = snapshot in ("current", "orphan")
+    assert (started.from_snapshot, started.from_headers, started.bad) == (
+        (len(files), 0, 0) if used else (0, len(files), 0)), summary
+    assert started.snapshot == {"current": "used", "orphan": "used"}.get(
+        snapshot, snapshot.replace("garbled", "damaged")), summary
+    assert SF.packed_files(tmp_path) != [] and not any(
+        f.name.startswith("0" * 16) for f in SF.packed_files(tmp_path)), "the orphan stayed"
     assert rebuilt == stored, f"the restarted tier did not index every stored key: {summary}"
     assert len(probe.loaded) == stored and not probe.load_failures, summary
     assert stats.corrupted_loads == 0 and stats.loaded_blocks_checked > 0, summary

@@ -292,15 +292,22 @@ class PackedIndex:
                 bad += 1
         return files, bad
 
-    def start(self, namespace_dir: str, io: ChunkIO, snapshot: bool = True) -> IndexStart:
+    def start(self, namespace_dir: str, io: ChunkIO, snapshot: bool = True,
+              listing: Iterable[str] | None = None) -> IndexStart:
         """Index every packed file listed under ``namespace_dir`` (an empty index: a tier
         starting): the files the index snapshot (:mod:`~vllm_adapter.disk.packed_snapshot`)
         describes from it, without reading them; every other listed file from its header
         (all of them when the snapshot is missing, damaged or another namespace's, or
         ``snapshot`` is false).  Snapshot entries whose file is not listed are dropped.  Why
-        a stale entry never serves a wrong byte: :mod:`~vllm_adapter.disk.packed_snapshot`."""
+        a stale entry never serves a wrong byte: :mod:`~vllm_adapter.disk.packed_snapshot`.
+
+        ``listing``: the packed files under ``namespace_dir`` as the caller listed them
+        (:func:`~vllm_adapter.disk.packed_file.iter_packed_files`'s paths; a tier passes
+        its start's listing less what the ledger's start removed, so the namespace is
+        walked once); default: walk it now."""
         prefix = os.path.join(namespace_dir, "")
-        listed = {path[len(prefix):]: path for path in P.iter_packed_files(namespace_dir)}
+        listed = {path[len(prefix):]: path
+                  for path in (P.iter_packed_files(namespace_dir) if listing is None else listing)}
         found = (PS.read_snapshot(os.path.join(namespace_dir, PS.SNAPSHOT_FILE), io.namespace,
                                   io.checksum) if snapshot else "off")
         from_snapshot = dropped = 0

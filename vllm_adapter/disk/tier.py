@@ -89,7 +89,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from reference import packed as RP
 from reference import packed_split as RS
@@ -163,6 +163,7 @@ __all__ = [
     "key_digest",
     "live_tiers",
     "load_chunk",
+    "namespace_files",
     "store_chunk",
 ]
 
@@ -183,6 +184,32 @@ SNAPSHOT_RESERVE_SHARE = 8
 
 
 _LIVE: weakref.WeakSet[KvchunkFileTierManager] = weakref.WeakSet()
+
+
+class NamespaceFiles(NamedTuple):
+    """A namespace's data files and its writers' temporary files, as one walk found them."""
+
+    files: list[str]
+    temps: list[str]
+
+
+def namespace_files(namespace_dir: str, layout: str) -> NamespaceFiles:
+    """The data files of ``layout`` under ``namespace_dir`` (packed: its packed files,
+    :func:`~vllm_adapter.disk.packed_file.iter_packed_files`'s paths; per chunk: its
+    ``.bin`` files, the quarantine left out) and its writers' temporary files, in one
+    walk: a start lists the namespace once, for the ledger and the packed index."""
+    top, data_suffix = ((os.path.join(namespace_dir, P.PACKED_DIR), P.PACKED_SUFFIX)
+                        if layout == "packed" else (namespace_dir, ".bin"))
+    found = NamespaceFiles([], [])
+    for d, _, names_ in os.walk(top):
+        if QUARANTINE_DIR in d:
+            continue
+        for n in names_:
+            if n.endswith(data_suffix):
+                found.files.append(os.path.join(d, n))
+            elif n.endswith(TEMP_SUFFIX):
+                found.temps.append(os.path.join(d, n))
+    return found
 
 
 def live_tiers() -> list[KvchunkFileTierManager]:
@@ -307,7 +334,8 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         """The quarantine holds a quarter of the ledger's reserve, inside the budget."""
         self._stats = TierStats()
         """What get_stats reported last (:mod:`vllm_adapter.disk.metrics`)."""
-        self.started = self.budget.start(*self._files_on_disk())
+        listing = namespace_files(self.namespace_dir, layout)
+        self.started = self.budget.start(*listing)
         """What the start did: dead writers' reservations failed, orphans removed, evictions."""
         self.index = PackedIndex()
         """Packed layout: key -> (file, section), from the index snapshot and the headers of
@@ -326,7 +354,8 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         """Packed layout: the ``kvchunk-fs-follow`` daemon thread (:meth:`lookup`)."""
         if layout == "packed":
             begun = time.perf_counter()
-            started = self.index_started = self.index.start(self.namespace_dir, self.io)
+            started = self.index_started = self.index.start(
+                self.namespace_dir, self.io, listing=self.budget.held(listing.files))
             if started.snapshot == "used" and not (started.from_headers or started.dropped):
                 self._snapshot_generation = self.index.generation  # the snapshot is current
             if started.files or started.bad or started.snapshot != "missing":
@@ -375,22 +404,6 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         if self.layout == "per_chunk":
             return HEADER_SIZE + self._block_size
         return RP.packed_file_bytes([self._block_size] * len(keys), [len(k) for k in keys])
-
-    def _files_on_disk(self) -> tuple[list[str], list[str]]:
-        """This namespace's data files and its writers' temporary files, in one walk."""
-        top, data_suffix = ((os.path.join(self.namespace_dir, P.PACKED_DIR), P.PACKED_SUFFIX)
-                            if self.layout == "packed" else (self.namespace_dir, ".bin"))
-        files: list[str] = []
-        temps: list[str] = []
-        for d, _, names_ in os.walk(top):
-            if QUARANTINE_DIR in d:
-                continue
-            for n in names_:
-                if n.endswith(data_suffix):
-                    files.append(os.path.join(d, n))
-                elif n.endswith(TEMP_SUFFIX):
-                    temps.append(os.path.join(d, n))
-        return files, temps
 
     def _sweep(self) -> None:
         try:

@@ -93,6 +93,14 @@ class TierBudget:
         return self.ledger.start(self.ns, (self._rel(p) for p in on_disk),
                                  (self._rel(p) for p in temps))
 
+    def held(self, paths: Sequence[str]) -> list[str]:
+        """Of ``paths`` (absolute), those the ledger holds after replaying it: a start's
+        listing less the files the start removed (orphans, evictions) and the files other
+        engines removed since."""
+        rel = [self._rel(p) for p in paths]
+        gone = set(self.ledger.removed_since(rel))
+        return [p for p, r in zip(paths, rel, strict=True) if r not in gone]
+
     def reserve(
         self, files: Sequence[Sequence[bytes]], name_of: Callable[[Sequence[bytes]], str],
         size_of: Callable[[Sequence[bytes]], int], positions: dict[bytes, int] | None = None,
