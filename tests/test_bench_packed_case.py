@@ -139,3 +139,49 @@ def test_kvchunk_per_chunk_loads_verify_every_file(
         failed = ""
     gc.collect()
     assert "jobs failed" in failed, "a corrupted chunk file was loaded without an error"
+
+
+def _limit(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, limit_s: float,
+           packed_s: list[float], again_s: list[float] | None) -> tuple[dict, list[int]]:
+    """``_disk_limit`` with ``fio`` replaced by a run of ``limit_s`` seconds for the pass's
+    bytes; ``again_s``: what a second batch of packed passes takes (None: never asked)."""
+    from conformance.bench import fio_limit as FIO
+
+    asked: list[int] = []
+    monkeypatch.setattr(FIO, "unavailable", lambda: None)
+    monkeypatch.setattr(FIO, "clear", lambda directory: None)
+    monkeypatch.setattr(FIO, "run", lambda job: FIO.FioResult(job.total_bytes,
+                                                              job.total_bytes / limit_s))
+
+    def again() -> list[float]:
+        asked.append(1)
+        assert again_s is not None, "a met limit was measured again"
+        return again_s
+
+    case = SimpleNamespace(root=str(tmp_path), row_bytes=ROW, o_direct=False)
+    counts = {"packed_bytes_written": 100 * ROW, "packed_files_written": 10}
+    about = {"kind": "packed_time", "blocks_per_chunk": 2, "target_checked": True}
+    row = B._disk_limit(case, counts, "load", 100 * ROW, packed_s, about, again)
+    return row, asked
+
+
+def test_a_missed_disk_limit_is_measured_again_and_stands_only_if_it_repeats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plain disk's limit target (packed >= 0.9 x ``fio``) gets a second batch on a
+    miss, as the ratio against vLLM's tier does: packed at half the limit's speed misses,
+    then at the limit's speed the second batch meets it, so the row is inconclusive; a
+    second miss stands; a first batch that meets the target is not measured again."""
+    from conformance.bench import TARGETS
+
+    target = next(t for t in TARGETS if t.kind == "packed_time" and t.field == "limit_ratio")
+    about = {"kind": "packed_time", "blocks_per_chunk": 2, "target_checked": True}
+    slow, fast = [2.0, 2.1, 1.9, 2.0], [1.0, 1.02, 0.98, 1.0]
+    row, asked = _limit(monkeypatch, tmp_path, 1.0, slow, fast)
+    assert asked == [1] and row["limit_ratio"] < 0.9 and row["confirm_limit_ratio"] > 0.9
+    assert target.verdict({**about, **row}) == "inconclusive"
+    row, asked = _limit(monkeypatch, tmp_path, 1.0, slow, slow)
+    assert asked == [1] and target.verdict({**about, **row}) == "missed"
+    row, asked = _limit(monkeypatch, tmp_path, 1.0, fast, None)
+    assert asked == [] and "confirm_limit_ratio" not in row
+    assert target.verdict({**about, **row}) == "met"

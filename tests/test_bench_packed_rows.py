@@ -49,3 +49,24 @@ def test_a_row_without_the_second_baseline_says_it_was_not_measured() -> None:
     assert "0.500 / - / 0.400" in cells
     assert cells[-3:-1] == ["-", "-"]
     assert [c.strip() for c in jobs.split("|")][-3] == "-"
+
+
+def _limit_line(**extra: Any) -> list[str]:
+    row = _row(**extra)
+    del row["limit_unavailable"]
+    row.update(limit_gbps=1.6, limit_s=[0.4], limit_io_bytes=1, limit_file_bytes=2 << 20,
+               limit_files=16, limit_block_bytes=1 << 20)
+    line = next(x for x in R._packed_limit([row]) if x.startswith("| DeepSeek-V4-Flash TP4"))
+    return [c.strip() for c in line.split("|")]
+
+
+def test_a_limit_missed_once_shows_both_batches_and_the_verdict_of_both() -> None:
+    cells = _limit_line(limit_ratio=0.85, limit_ratio_ci=[0.8, 0.88], confirm_limit_ratio=0.93,
+                        confirm_limit_ratio_ci=[0.89, 0.97])
+    assert "0.85 [0.80, 0.88], again 0.93 [0.89, 0.97]" in cells
+    assert "**inconclusive**" in cells
+    cells = _limit_line(limit_ratio=0.85, limit_ratio_ci=[0.8, 0.88], confirm_limit_ratio=0.84,
+                        confirm_limit_ratio_ci=[0.8, 0.87])
+    assert "**missed**" in cells
+    cells = _limit_line(limit_ratio=0.95, limit_ratio_ci=[0.92, 0.98])
+    assert "0.95 [0.92, 0.98]" in cells and "met" in cells

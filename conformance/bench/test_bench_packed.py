@@ -96,8 +96,10 @@ import pytest
 
 from conformance.bench import (
     GEOMETRIES,
+    TARGETS,
     Variant,
     env_int,
+    interleaved,
     measure,
     record,
     rounded,
@@ -681,12 +683,16 @@ def _job_percentiles(case: PackedCase, sides: Sequence[str] = SIDES) -> dict[str
 
 
 def _disk_limit(case: PackedCase, counts: dict[str, int], direction: str, moved: int,
-                packed_s: Sequence[float]) -> dict[str, Any]:
+                packed_s: Sequence[float], about: dict[str, Any],
+                again: Callable[[], Sequence[float]] | None = None) -> dict[str, Any]:
     """The disk's own limit for the packed tier's pass (:mod:`conformance.bench.fio_limit`):
     ``fio`` on the same directory, with the packed tier's file size, I/O size (a row),
     thread count, ``O_DIRECT`` and bytes, once per timed round after them; the
     ``limit_ratio`` is the packed tier's speed over the limit (``fio`` seconds / packed
-    seconds, round ``i`` with ``fio`` run ``i``), target >= 0.9.  Without ``fio``:
+    seconds, round ``i`` with ``fio`` run ``i``), target >= 0.9.  A miss is measured again
+    at once, as every target's is (:meth:`~conformance.bench.Measured.ratio_fields`):
+    ``again`` times a fresh batch of the packed tier's passes, each followed by ``fio``
+    again (``confirm_limit_ratio``; the miss stands only if it repeats).  Without ``fio``:
     ``limit_unavailable`` says why, and no limit target is checked."""
     why = FIO.unavailable()
     if why is not None:
@@ -697,23 +703,34 @@ def _disk_limit(case: PackedCase, counts: dict[str, int], direction: str, moved:
         file_bytes=counts["packed_bytes_written"] // max(1, counts["packed_files_written"]),
         block_bytes=case.row_bytes, threads=THREADS, direct=case.o_direct,
     )
+
+    def batch(times: Sequence[float]) -> tuple[list[FIO.FioResult], list[float], Any]:
+        limits = [FIO.run(job) for _ in times]
+        # fio moves whole files (a few more bytes): its time for the packed pass's bytes
+        limit_s = [job.total_bytes / r.bytes_per_s for r in limits]
+        return limits, limit_s, paired_interval(list(times), limit_s, speed=True)
+
     try:
-        limits = [FIO.run(job) for _ in packed_s]
+        limits, limit_s, interval = batch(packed_s)
+        fields: dict[str, Any] = {
+            "limit_s": rounded(limit_s),
+            "limit_io_bytes": limits[0].io_bytes,
+            "limit_gbps": float(np.median([r.gbps for r in limits])),
+            "limit_file_bytes": job.io_file_bytes,
+            "limit_files": job.files_per_job * job.threads,
+            "limit_block_bytes": job.block_bytes,
+            "limit_ratio": interval.ratio,
+            "limit_ratio_ci": [interval.low, interval.high],
+        }
+        target = next(t for t in TARGETS if t.kind == "packed_time" and t.field == "limit_ratio")
+        row = {**about, **fields}
+        if again is not None and target.applies(row) and target.verdict(row) == "missed":
+            _, _, second = batch(again())
+            fields["confirm_limit_ratio"] = second.ratio
+            fields["confirm_limit_ratio_ci"] = [second.low, second.high]
+        return fields
     finally:
         FIO.clear(job.directory)
-    # fio moves whole files (a few more bytes): its time for the packed pass's bytes
-    limit_s = [job.total_bytes / r.bytes_per_s for r in limits]
-    interval = paired_interval(list(packed_s), limit_s, speed=True)
-    return {
-        "limit_s": rounded(limit_s),
-        "limit_io_bytes": limits[0].io_bytes,
-        "limit_gbps": float(np.median([r.gbps for r in limits])),
-        "limit_file_bytes": job.io_file_bytes,
-        "limit_files": job.files_per_job * job.threads,
-        "limit_block_bytes": job.block_bytes,
-        "limit_ratio": interval.ratio,
-        "limit_ratio_ci": [interval.low, interval.high],
-    }
 
 
 @pytest.mark.parametrize(
@@ -750,7 +767,8 @@ def test_packed_vs_per_chunk(
             **_time_fields(m, row["bytes"]),
             **_second_baseline(m, row["bytes"]),
             **_job_percentiles(case, DISK_SIDES),
-            **_disk_limit(case, counts, direction, row["bytes"], m.candidate),
+            **_disk_limit(case, counts, direction, row["bytes"], m.candidate, about,
+                          lambda: interleaved(variants["packed"], {}, DISK_ROUNDS).candidate),
         )
         if direction == "load":  # the timed rounds left the loaded rows as written
             assert case.loaded_intact(), "the packed tier read back other bytes than it wrote"
