@@ -74,7 +74,7 @@ from reference.layout_economics import (
 from reference.mathutil import cdiv, round_down
 from reference.packed import store_job_files
 from reference.plan import BlockRef, Planner, Policy, ScheduledRequest
-from reference.plan_inputs import ChunkIndex
+from reference.plan_inputs import NULL_BLOCK, ChunkIndex
 from reference.rules import (
     first_kept_block,
     full_attention_end,
@@ -413,13 +413,12 @@ class Engine:
             ids = self._allocate(gc, cdiv(table_tokens, tpb))
             cached = gpu_hit // tpb
             skip = first_kept_block(gc, served) if gc.window_in_chunks is not None else 0
-            row = []
-            for j, b in enumerate(ids):
-                if j < skip and j < cdiv(served, tpb):
-                    ids[j] = 0
-                    row.append(BlockRef(0, is_null=True))
-                else:
-                    row.append(BlockRef(b, has_block_hash=j < cached))
+            # the blocks a window left behind (before ``skip``, within what was served) are
+            # null: the same frozen reference for each
+            nulls = min(skip, cdiv(served, tpb), len(ids))
+            ids[:nulls] = [0] * nulls
+            row = [NULL_BLOCK] * nulls
+            row += [BlockRef(b, False, j < cached) for j, b in enumerate(ids[nulls:], nulls)]
             tables[gc.group.index] = ids
             refs[gc.group.index] = row
         self._allocated(rid, tables)

@@ -41,7 +41,8 @@ def chunk_key(block_hashes: Sequence[bytes], gc: GroupChunking, chunk_index: int
 def group_keys(block_hashes: Sequence[bytes], gc: GroupChunking) -> list[bytes]:
     """Keys of every complete chunk of the group, in chunk order."""
     hpc = gc.hashes_per_chunk
-    return [make_key(h, gc.group.index) for h in block_hashes[hpc - 1 :: hpc]]
+    group = gc.group.index.to_bytes(GROUP_ID_BYTES, "big", signed=False)  # make_key's suffix
+    return [bytes(h) + group for h in block_hashes[hpc - 1 :: hpc]]
 
 
 def boundary_key(block_hashes: Sequence[bytes], tokens_per_hash: int, group_index: int,

@@ -72,6 +72,10 @@ class BlockRef:
     """True when the block already holds hashed (GPU-cached) content."""
 
 
+NULL_BLOCK = BlockRef(0, is_null=True)
+"""A null block (a window's block the engine freed); frozen, so one reference serves all."""
+
+
 @dataclass(frozen=True)
 class ScheduledRequest:
     """What one step tells the connector about one request."""
