@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conformance.harness.cases import CURVE_CPU_BYTES, DSV4, GEMMA
+
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "reports" / "disk-curves-cpu.md"
 SLACK = 0.005
@@ -44,10 +46,10 @@ class Curve:
 
 
 CURVES = (
-    Curve("gemma-4-31B-it", 2, "chat", "8GiB"),
-    Curve("gemma-4-31B-it", 2, "agentic", "8GiB"),
-    Curve("DeepSeek-V4-Flash", 4, "chat", "400MiB"),
-    Curve("DeepSeek-V4-Flash", 4, "agentic", "400MiB"),
+    Curve("gemma-4-31B-it", 2, "chat", CURVE_CPU_BYTES[GEMMA]),
+    Curve("gemma-4-31B-it", 2, "agentic", CURVE_CPU_BYTES[GEMMA]),
+    Curve("DeepSeek-V4-Flash", 4, "chat", CURVE_CPU_BYTES[DSV4]),
+    Curve("DeepSeek-V4-Flash", 4, "agentic", CURVE_CPU_BYTES[DSV4]),
 )
 
 

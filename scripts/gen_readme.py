@@ -429,9 +429,13 @@ def _bullet_budget(bench: Mapping[str, Any]) -> str:
         return f"**Disk budget**: {NOT_MEASURED}."
     parts = []
     if curve:
-        parts.append(f"`--sweep-disk` (8 sizes, ~1M tokens; target <= "
-                     f"{curve[0]['budget_s']:g} s per curve): {_count_text(_target('disk_curve'), curve)}, "
-                     f"{_range((r['median_s'] for r in curve), '{:.1f}')} s median")
+        for t in (t for t in TARGETS if t.kind == "disk_curve"):
+            rows = [r for r in curve if t.matches(r)]
+            if rows:
+                parts.append(f"`--sweep-disk`, {rows[0]['series']} (8 sizes, ~1M tokens, the "
+                             f"rule and LRU; target <= {rows[0]['budget_s']:g} s per curve): "
+                             f"{_count_text(t, rows)}, "
+                             f"{_range((r['median_s'] for r in rows), '{:.1f}')} s median")
     for r in start:
         lo, hi = r["s_per_100k_ci"]
         checked = [t for t in TARGETS if t.matches(r)]

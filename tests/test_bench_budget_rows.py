@@ -109,3 +109,43 @@ def test_a_scaled_section_says_its_real_size() -> None:
     row = _eviction("real", 0.99, label="gemma-4-31B-it TP2", section_bytes=2_621_440,
                     real_section_bytes=41_943_040, section_scale=16)
     assert "2,621,440 (1/16 of the real 41,943,040)" in "\n".join(disk_budget_markdown([row]))
+
+
+def _curve(series: str | None, median_s: float) -> dict[str, Any]:
+    """A ``--sweep-disk`` speed row as ``test_disk_curve_speed`` records it."""
+    budget = {"disk only": 10.0, "both": 20.0}.get(series or "", 10.0)
+    row: dict[str, Any] = {
+        "kind": "disk_curve", "label": "DeepSeek-V4-Flash TP4", "workload": "agentic-1m",
+        "budget_s": budget, "seconds": [median_s] * 3, "median_s": median_s,
+        "ratio": median_s / budget, "ratio_ci": [median_s * 0.95 / budget,
+                                                median_s * 1.05 / budget],
+        "rounds": 3, "cpu_bytes": 400 << 20 if series == "both" else None,
+    }
+    if series is not None:
+        row["series"] = series
+    return row
+
+
+@pytest.mark.parametrize(("series", "median_s", "verdict"), [
+    ("disk only", 8.0, "met"), ("disk only", 12.0, "missed"),
+    ("both", 12.0, "met"), ("both", 24.0, "missed"),
+])
+def test_each_sweep_series_is_held_to_its_own_budget(series: str, median_s: float,
+                                                     verdict: str) -> None:
+    """Issue #31: ``--sweep-disk`` within 10 s per curve, both series within 20 s: 12 s
+    meets the second and misses the first; each row is judged by its series' target only."""
+    row = _curve(series, median_s)
+    targets = [t for t in TARGETS if t.kind == "disk_curve" and t.applies(row)]
+    assert len(targets) == 1 and targets[0].verdict(row) == verdict
+    line = next(x for x in disk_budget_markdown([row]) if x.startswith("| DeepSeek"))
+    cells = [c.strip() for c in line.split("|")]
+    assert cells[-2] == (verdict if verdict == "met" else f"**{verdict}**")
+    assert ("CPU tier 400 MiB" in line) == (series == "both")
+
+
+def test_a_curve_row_of_an_older_run_is_said_as_such_and_not_checked() -> None:
+    row = _curve(None, 5.0)
+    assert not any(t.applies(row) for t in TARGETS if t.kind == "disk_curve")
+    line = next(x for x in disk_budget_markdown([row]) if x.startswith("| DeepSeek"))
+    cells = [c.strip() for c in line.split("|")]
+    assert "the rule alone (older run)" in cells and cells[-2] == "-"

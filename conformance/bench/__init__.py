@@ -307,11 +307,21 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target(
         "disk_curve",
-        "miss-ratio curve (8 disk sizes, ~1M-token chat/agentic, the eviction rule) within 10 s "
-        "per model",
+        "`--sweep-disk`, the disk alone (8 disk sizes, ~1M-token chat/agentic, the rule and "
+        "LRU) within 10 s per curve (issue #31)",
         None,
         1.0,
         0,
+        (("series", "disk only"),),
+    ),
+    Target(
+        "disk_curve",
+        "`--sweep-disk --cpu-bytes`, both series (the disk alone and with vLLM's CPU tier in "
+        "front, the rule and LRU) within 20 s per curve (issue #31)",
+        None,
+        1.0,
+        0,
+        (("series", "both"),),
     ),
     Target(
         "budget_restart",

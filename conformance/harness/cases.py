@@ -46,6 +46,11 @@ FIXTURES: tuple[Fixture, ...] = (
 )
 
 MODEL_FIXTURES: tuple[str, ...] = tuple(f.name for f in FIXTURES if f.model)
+
+CURVE_CPU_BYTES: dict[str, str] = {GEMMA: "8GiB", DSV4: "400MiB"}
+"""``--cpu-bytes`` of each model's ``--sweep-disk`` curves with vLLM's CPU tier in front, as
+``scripts/disk_curves_cpu.py`` runs them and the curve bench times them: about a quarter to
+a sixth of the workloads' unbounded peak on disk."""
 LABELS: dict[str, str] = {f.name: f.label for f in FIXTURES}
 
 
