@@ -362,6 +362,37 @@ def test_a_large_payload_round_trips_and_any_segment_bit_fails(tmp_path: Path, w
     assert _load(path, io, size=LARGE) == data
 
 
+@pytest.mark.parametrize("size", [ROW, LARGE], ids=["small", "large"])
+def test_a_load_reads_the_header_and_the_payload_in_one_request(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int) -> None:
+    """A chunk file's header and payload (a large payload's first segment, the rest read
+    while it is hashed) come in one ``preadv`` from offset 0: one request per file where the
+    payload is small, not a header read and then a payload read; every byte is still
+    checked (a damaged header fails the load)."""
+    io = S.ChunkIO(namespace=NS)
+    path = tmp_path / "c.bin"
+    data = os.urandom(size)
+    S.store_chunk(str(path), memoryview(bytearray(data)), KEY, io)
+    reads: list[tuple[int, int]] = []
+    real = os.preadv
+
+    def counted(fd: int, buffers: list[Any], offset: int) -> int:
+        reads.append((offset, sum(len(memoryview(b)) for b in buffers)))
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", counted)
+    assert _load(path, io, size=size) == data
+    first = min(size, C.SEGMENT_BYTES)
+    assert reads[0] == (0, S.HEADER_SIZE + first), reads
+    assert len(reads) == 1 + (size - first + C.SEGMENT_BYTES - 1) // C.SEGMENT_BYTES, reads
+    raw = bytearray(path.read_bytes())
+    raw[20] ^= 0x01  # a header field (the payload length), its digest then wrong
+    path.write_bytes(bytes(raw))
+    with pytest.raises(S.ChunkFileError) as err:
+        _load(path, io, size=size)
+    assert err.value.why == "header" and not path.exists()
+
+
 ONE_SHOT = {
     "xxh3-128": lambda data: xxhash.xxh3_128(data).digest(),
     "blake3": lambda data: blake3.blake3(data).digest(16),

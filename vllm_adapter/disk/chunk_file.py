@@ -400,24 +400,42 @@ def store_chunk(path: str, payload: memoryview, key_id: bytes, io: ChunkIO,
     write_atomically(path, io, lambda fd: _write_file(fd, payload, key_id, io), tmp=tmp)
 
 
-def _pread_all(fd: int, dest: memoryview, offset: int) -> None:
-    while dest:
-        n = os.preadv(fd, [dest], offset)
+def _pread_all(fd: int, buffers: list[memoryview], offset: int) -> None:
+    """Fill ``buffers`` in order from ``offset`` on, looping while a read is short
+    (:class:`ChunkFileError` ``size`` at the end of the file)."""
+    buffers = [b for b in buffers if len(b)]
+    while buffers:
+        n = os.preadv(fd, buffers, offset)
         if n <= 0:
             raise ChunkFileError("", "size")
-        dest, offset = dest[n:], offset + n
+        offset += n
+        while buffers and n >= len(buffers[0]):
+            n -= len(buffers.pop(0))
+        if buffers and n:
+            buffers[0] = buffers[0][n:]
 
 
-def _read_payload(fd: int, dest: memoryview, checksum: str) -> bytes:
-    """Read the payload into ``dest``; its digest (a large one hashed while it is read)."""
+def _read_file(fd: int, page: memoryview, dest: memoryview, checksum: str) -> bytes | None:
+    """Read a chunk file: its header into ``page`` and its payload into ``dest``, header and
+    payload in one request (the payload's first segment, when it is hashed while read);
+    the payload's digest, or None for a large payload whose header must be checked first
+    (its other segments are read by :func:`_read_rest`)."""
     if len(dest) < OVERLAP_BYTES:
-        _pread_all(fd, dest, HEADER_SIZE)
+        _pread_all(fd, [page, dest], 0)
         return payload_digest(checksum, dest)
+    _pread_all(fd, [page, dest[:SEGMENT_BYTES]], 0)
+    return None
+
+
+def _read_rest(fd: int, dest: memoryview, checksum: str) -> bytes:
+    """A large payload's digest, hashed beside its reads: the first segment (read with the
+    header) is hashed while the second is read, and so on."""
     beside, h = _Beside.get(), payload_hasher(checksum, len(dest))
     try:
         for start in range(0, len(dest), SEGMENT_BYTES):
             segment = dest[start : start + SEGMENT_BYTES]
-            _pread_all(fd, segment, HEADER_SIZE + start)
+            if start:
+                _pread_all(fd, [segment], HEADER_SIZE + start)
             beside.update(h, segment)
     finally:
         got = beside.result(h)  # the hashing thread is idle again either way
@@ -427,8 +445,10 @@ def _read_payload(fd: int, dest: memoryview, checksum: str) -> bytes:
 def load_chunk(path: str, dest: memoryview, key_id: bytes, io: ChunkIO) -> None:
     """Read and verify one chunk file into ``dest``; :class:`ChunkFileError` if it is bad.
 
-    The header is checked before the payload is read.  ``dest`` may hold some of
-    the file's bytes after a failure (the caller's load job fails, so they are
+    The size is checked first (``fstat``), then the header and the payload are read in
+    one request (the first segment of a payload large enough to be hashed beside its
+    reads), and the header is checked before the payload's checksum.  ``dest`` may hold
+    some of the file's bytes after a failure (the caller's load job fails, so they are
     never used).
     """
     fd = os.open(path, os.O_RDONLY | (O_DIRECT if io.o_direct else 0))
@@ -436,12 +456,12 @@ def load_chunk(path: str, dest: memoryview, key_id: bytes, io: ChunkIO) -> None:
     try:
         if st.st_size != HEADER_SIZE + len(dest):
             raise ChunkFileError(path, "size")
-        page = _header_page()
-        if os.preadv(fd, [page], 0) != HEADER_SIZE:
-            raise ChunkFileError(path, "size")
-        expected = check_header(path, page, len(dest), key_id, io.namespace, io.checksum)
+        page = memoryview(_header_page())
         try:
-            got = _read_payload(fd, dest, io.checksum)
+            got = _read_file(fd, page, dest, io.checksum)
+            expected = check_header(path, page, len(dest), key_id, io.namespace, io.checksum)
+            if got is None:
+                got = _read_rest(fd, dest, io.checksum)
         except ChunkFileError as exc:
             raise ChunkFileError(path, exc.why) from None
         if got != expected:
