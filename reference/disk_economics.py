@@ -8,7 +8,8 @@ The index (:class:`BudgetedIndex`)
     plain per-file LRU) when a store would not fit.
 
 The hit rate (:func:`miss_ratio_curve`, :func:`disk_economics`)
-    A workload (:func:`scaled`: sessions over time, GPU cache cold) served through the
+    A workload (:func:`scaled`: sessions over time, GPU cache cold unless ``gpu_cache``
+    says otherwise) served through the
     reference's :class:`~reference.economics.Engine` over such an index: tokens served
     from the disk, files read, written and evicted, tokens recomputed for lack of space,
     stranded bytes at the end (:class:`DiskEconomics`), at one disk size or a curve of
@@ -105,6 +106,8 @@ class BudgetedIndex:
         self.structure = PrefixStructure(chunking, window_rule)
         self.disk = Disk(self.structure)
         self.files_written = 0
+        self.bytes_written = 0
+        """Bytes of the files written (their size when the store completed)."""
         self.files_evicted = 0
         self.files_read = 0
         """File opens by loads: per load job, each file it reads (per slice of a split job)."""
@@ -223,6 +226,7 @@ class BudgetedIndex:
             if success:
                 f.ready = True
                 self.files_written += 1
+                self.bytes_written += f.nbytes
                 self.disk.touch(fid)
             else:
                 self.disk.remove(fid)
@@ -299,16 +303,20 @@ class BudgetedIndex:
 # ---------------------------------------------------------------------------
 
 
-def scaled(workload: Workload, prompt_tokens: int = MILLION) -> Workload:
-    """``workload`` with a cold GPU cache and as many sessions as give about
-    ``prompt_tokens`` prompt tokens: sessions over time, turn by turn round-robin, so a
-    session's next turn comes back after every other session's (its reuse distance
-    grows with the sessions), and every reused token must come from the disk."""
+def scaled(workload: Workload, prompt_tokens: int = MILLION,
+           gpu_cache: GpuCache = GpuCache.COLD) -> Workload:
+    """``workload`` with GPU cache ``gpu_cache`` (cold: every reused token must come from
+    the disk) and as many sessions as give about ``prompt_tokens`` prompt tokens:
+    sessions over time, turn by turn round-robin, so a session's next turn comes back
+    after every other session's (its reuse distance grows with the sessions).  The
+    curves take the GPU cache as their own ``gpu_cache`` parameter: pass
+    ``gpu_cache=scaled_workload.gpu_cache``."""
     per_session = sum(len(r.prompt) for r in requests(workload)) / workload.sessions
     sessions = max(1, round(prompt_tokens / per_session))
+    gpu = "cold GPU" if gpu_cache is GpuCache.COLD else f"GPU cache {gpu_cache.value}"
     return replace(
-        workload, name=f"{workload.name} ({sessions} sessions, cold GPU)", sessions=sessions,
-        gpu_cache=GpuCache.COLD,
+        workload, name=f"{workload.name} ({sessions} sessions, {gpu})", sessions=sessions,
+        gpu_cache=gpu_cache,
     )
 
 
@@ -356,12 +364,13 @@ class DiskEconomics:
 
 def _start(
     chunking: Chunking, policy: Policy, max_num_batched_tokens: int, index: BudgetedIndex,
+    gpu_cache: GpuCache = GpuCache.COLD,
 ) -> _Engine:
-    """An engine over ``index`` with a cold GPU cache (see :func:`scaled`)."""
+    """An engine over ``index`` whose GPU prefix cache is as ``gpu_cache`` says."""
     engine = _Engine(chunking, policy, max_num_batched_tokens)
     engine.index = index
     engine.planner = Planner(chunking, index, policy)
-    engine.gpu_cache = GpuCache.COLD
+    engine.gpu_cache = gpu_cache
     return engine
 
 
@@ -381,6 +390,7 @@ def miss_ratio_curve(
     window_siblings: bool = False,
     windows_apart: bool = True,
     load_split: LoadSplit | None = None,
+    gpu_cache: GpuCache = GpuCache.COLD,
 ) -> tuple[DiskEconomics, ...]:
     """:func:`disk_economics` at each of ``sizes`` (bytes; an int ``n``: ``n`` sizes evenly
     spaced up to the unbounded run's peak bytes, ``peak * k // n`` for ``k`` = 1..n, the
@@ -394,7 +404,8 @@ def miss_ratio_curve(
       request, whose peak bytes are at most ``size`` (:data:`SNAPSHOTS` states are kept,
       evenly spaced in requests; a pickled copy: the run's objects are plain data).
 
-    The GPU cache is cold (see :func:`scaled`).  ``admission``, ``overflow``,
+    The GPU prefix cache is as ``gpu_cache`` says (default cold, as :func:`scaled` makes
+    it; the workload's own ``gpu_cache`` field is not read).  ``admission``, ``overflow``,
     ``window_siblings``, ``windows_apart`` and ``load_split``: :class:`BudgetedIndex`'s
     options."""
     reqs = hashed(list(requests(workload)), chunking.tokens_per_hash)
@@ -422,7 +433,7 @@ def miss_ratio_curve(
 
     def start(size: int) -> tuple[_Engine, BudgetedIndex]:
         index = new_index(size)
-        return _start(chunking, policy, budget_of_run, index), index
+        return _start(chunking, policy, budget_of_run, index, gpu_cache), index
 
     return curve_from_snapshots(reqs, sizes, start, lambda index: index, result,
                                 "miss_ratio_curve")
@@ -442,13 +453,14 @@ def disk_economics(
     window_siblings: bool = False,
     windows_apart: bool = True,
     load_split: LoadSplit | None = None,
+    gpu_cache: GpuCache = GpuCache.COLD,
 ) -> DiskEconomics:
-    """Serve ``workload`` (GPU cache cold) over a disk of ``budget_bytes`` evicting by
+    """Serve ``workload`` (GPU cache ``gpu_cache``, default cold) over a disk of ``budget_bytes`` evicting by
     ``rule``: hits, files read, written and evicted, tokens recomputed for lack of space,
     stranded bytes at the end, stores refused, keys dropped by admission (the options:
     :class:`BudgetedIndex`'s)."""
     (one,) = miss_ratio_curve(chunking, workload, (budget_bytes,), rule, key_bytes, layout, policy,
                               admission=admission, overflow=overflow,
                               window_siblings=window_siblings, windows_apart=windows_apart,
-                              load_split=load_split)
+                              load_split=load_split, gpu_cache=gpu_cache)
     return one

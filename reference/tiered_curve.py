@@ -17,7 +17,8 @@ newly stored chunks:
 * "stranded" keeps its strict meaning: bytes on disk no lookup can load from the disk
   alone (a restarted engine, or another engine on the root), whatever the CPU tier holds.
 
-The GPU prefix cache is cold, as :func:`~reference.disk_economics.scaled` makes it.  A
+The GPU prefix cache is as ``gpu_cache`` says (default cold, as
+:func:`~reference.disk_economics.scaled` makes it by default).  A
 disk of ``size`` bytes behaves as the unbounded one until a store would take it past
 ``size`` (the CPU tier's state depends on the disk only through what lookups find on
 it), so the curve continues from snapshots of the unbounded run, as
@@ -65,12 +66,18 @@ class TieredEconomics(DiskEconomics):
     hits_evicted_by_promotions: int = 0
     """Lookups asked again because a promotion they started evicted a chunk of their hit
     (:attr:`reference.tiered_index.TieredIndex.hits_evicted_by_promotions`)."""
+    bytes_written: int = 0
+    """Bytes of the files the disk wrote (the cascade's, repairs included)."""
+    keys_repaired: int = 0
+    """Ancestors written from the CPU tier (``repair``; :meth:`TieredIndex.missing_ancestors`)."""
+    bytes_repaired: int = 0
+    """Their bytes, part of :attr:`bytes_written`."""
 
 
 def _start(chunking: Chunking, policy: Policy, budget_tokens: int, index: TieredIndex,
-           ) -> PromotingEngine:
+           gpu_cache: GpuCache = GpuCache.COLD) -> PromotingEngine:
     engine = PromotingEngine(chunking, policy, budget_tokens, index)
-    engine.gpu_cache = GpuCache.COLD
+    engine.gpu_cache = gpu_cache
     return engine
 
 
@@ -89,11 +96,16 @@ def tiered_miss_ratio_curve(
     window_siblings: bool = False,
     windows_apart: bool = True,
     load_split: LoadSplit | None = None,
+    gpu_cache: GpuCache = GpuCache.COLD,
+    repair: bool = False,
 ) -> tuple[TieredEconomics, ...]:
     """``workload`` served with a CPU tier of ``cpu_slots`` chunk slots in front of a disk
     of each of ``sizes`` bytes (an int ``n``: ``n`` sizes evenly spaced up to this run's
     unbounded peak bytes, as :func:`~reference.disk_economics.miss_ratio_curve`); the
-    disk's options are :class:`~reference.disk_economics.BudgetedIndex`'s."""
+    disk's options are :class:`~reference.disk_economics.BudgetedIndex`'s; the GPU prefix
+    cache is as ``gpu_cache`` says (default cold; the workload's own field is not read).
+    ``repair``: :class:`~reference.tiered_index.TieredIndex`'s option (the cascade also
+    writes a store's missing ancestors the CPU tier holds; off: vLLM's cascade)."""
     if isinstance(cpu_slots, bool) or not isinstance(cpu_slots, int) or cpu_slots < 0:
         raise ValueError(f"cpu_slots must be an int >= 0, got {cpu_slots!r}")
     reqs = hashed(list(requests(workload)), chunking.tokens_per_hash)
@@ -104,7 +116,7 @@ def tiered_miss_ratio_curve(
                              admission=admission, overflow=overflow,
                              window_siblings=window_siblings, windows_apart=windows_apart,
                              load_split=load_split)
-        return TieredIndex(disk, CpuLru(cpu_slots))
+        return TieredIndex(disk, CpuLru(cpu_slots), repair=repair)
 
     def result(engine: PromotingEngine, index: TieredIndex, size: int | None,
                baseline_served: int) -> TieredEconomics:
@@ -123,11 +135,13 @@ def tiered_miss_ratio_curve(
             cpu_stores_refused=index.cpu_stores_refused, keys_cascaded=index.keys_cascaded,
             lookups_abandoned=index.lookups_abandoned,
             hits_evicted_by_promotions=index.hits_evicted_by_promotions,
+            bytes_written=d.bytes_written, keys_repaired=index.keys_repaired,
+            bytes_repaired=index.bytes_repaired,
         )
 
     def start(size: int) -> tuple[PromotingEngine, TieredIndex]:
         index = new_index(size)
-        return _start(chunking, policy, budget_tokens, index), index
+        return _start(chunking, policy, budget_tokens, index, gpu_cache), index
 
     return curve_from_snapshots(reqs, sizes, start, lambda index: index.disk, result,
                                 "tiered_miss_ratio_curve")

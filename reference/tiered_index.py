@@ -24,7 +24,9 @@ budget, its eviction rule, its prefix structure), in the order vLLM's
   reserve in job order, each one written before the next reserves (a file being
   written cannot be evicted: stores that overlap are not modelled).  A key the CPU tier
   already holds is not stored again, so it is not cascaded again either, even when the
-  disk has evicted it meanwhile.
+  disk has evicted it meanwhile.  ``repair`` (an option, off by default; measured and not
+  kept, ``docs/semantics.md`` section 10): the cascade also offers, before the job's keys,
+  their ancestors the disk lacks and the CPU tier holds (:meth:`TieredIndex.missing_ancestors`).
 * **lookups**: a key the CPU tier holds is a hit there (or HIT_PENDING while its store
   or promotion is in flight; the disk is not asked, and no rank changes); any other
   key is looked up on the disk (:meth:`BudgetedIndex.lookup`: a hit refreshes its
@@ -114,9 +116,18 @@ class TieredIndex:
     :meth:`finish_promotions`).  ``cpu``: None, a CPU tier that holds every key it is
     given; else a bounded one (vLLM's request-scoped LRU)."""
 
-    def __init__(self, disk: BudgetedIndex, cpu: CpuLru | None = None) -> None:
+    def __init__(self, disk: BudgetedIndex, cpu: CpuLru | None = None, *,
+                 repair: bool = False) -> None:
+        """``repair``: the cascade also offers the disk a store's missing ancestors the CPU
+        tier holds (:meth:`missing_ancestors`), before the store's keys (an option
+        measured by ``scripts/disk_ablation.py --repair``; off: vLLM's cascade)."""
         self.disk = disk
         self.lru = cpu
+        self.repair = repair
+        self.keys_repaired = 0
+        """Ancestors the cascade wrote to the disk from the CPU tier (``repair``)."""
+        self.bytes_repaired = 0
+        """Their bytes (written beyond the cascade's own)."""
         self.cpu: set[bytes] = set()
         """The unbounded CPU tier's keys (unused with a bounded one)."""
         self._pending: set[bytes] = set()
@@ -230,9 +241,74 @@ class TieredIndex:
         if self.lru is None:
             self.cpu.update(keys)
         self.keys_cascaded += len(keys)
-        plan = self.disk.prepare_store(list(keys))  # the cascade: one store of the job's keys
+        ancestors = self.missing_ancestors(keys) if self.repair else ()
+        # the cascade: one store of the job's keys (with repair, its missing ancestors first)
+        plan = self.disk.prepare_store([*ancestors, *keys])
         if plan is not None and plan.keys_to_store:
             self.disk.complete_store(plan.keys_to_store, True)
+            repaired = set(ancestors).intersection(plan.keys_to_store)
+            self.keys_repaired += len(repaired)
+            self.bytes_repaired += self.disk._size(repaired)
+
+    def held(self, key: bytes) -> bool:
+        """The CPU tier holds ``key`` (stored or promoted, not in flight)."""
+        if self.lru is None:
+            return key in self.cpu
+        return self.lru.lookup(key) is LookupResult.HIT
+
+    def missing_ancestors(self, keys: Sequence[bytes]) -> tuple[bytes, ...]:
+        """What repair writes before a cascade of ``keys``: the keys a lookup from token 0
+        needs before them, per group, that the disk lacks and the CPU tier holds, in prefix
+        order (end token, then group).  The needed keys are, for each full-attention key of
+        ``keys``, every earlier chunk of its group in its prefix (its parent chain); for
+        each boundary ``keys`` end (their full-attention keys') or serve (their window
+        keys'), the parent chains of its full-attention keys and its window keys.  A chain
+        or a boundary is repaired only when every key it needs is on disk, in ``keys`` or
+        held by the CPU tier (else the repaired keys would arrive stranded)."""
+        s = self.disk.structure
+        on_disk = self.disk.disk.file_of
+        incoming = set(keys)
+
+        def available(k: bytes) -> bool:
+            return k in on_disk or k in incoming or self.held(k)
+
+        def chain(key: bytes) -> list[bytes] | None:
+            """``key``'s earlier chunks of its group (None: its prefix is not recorded)."""
+            out: list[bytes] = []
+            node = s.parent.get(key, b"")
+            while node:
+                out.append(node)
+                node = s.parent.get(node, b"")
+            return None if node == b"" else out
+
+        wanted: dict[bytes, None] = {}
+
+        def want(needed: list[bytes]) -> None:
+            if all(available(k) for k in needed):
+                wanted.update(dict.fromkeys(needed))
+
+        boundaries: dict[bytes, None] = {}
+        for key in keys:
+            if s.is_full(key):
+                links = chain(key)
+                if links is not None:
+                    want(links)
+                boundary = split_key(key)[0]
+                if boundary in s.full_at:
+                    boundaries[boundary] = None
+            else:
+                boundaries.update(dict.fromkeys(s.serves.get(key, ())))
+        for b in boundaries:
+            needed: list[bytes] = [*s.windows_at[b]]
+            for k in s.full_at[b]:
+                links = chain(k)
+                if links is None:
+                    break
+                needed += [k, *links]
+            else:
+                want(needed)
+        missing = [k for k in wanted if k not in on_disk and k not in incoming]
+        return tuple(sorted(missing, key=lambda k: (s.end_token.get(k, 0), split_key(k)[1])))
 
     def prepare_load(self, keys: Sequence[bytes]) -> object:
         self.finish_promotions()

@@ -84,6 +84,97 @@ def cli_inputs(model: str, tp: int, workload: str) -> tuple[Chunking, Workload, 
     return got[0]
 
 
+def cli_tiered_inputs(model: str, tp: int, workload: str, cpu_bytes: str,
+                      ) -> tuple[Chunking, Workload, Policy, dict[int, int], int, Any]:
+    """:func:`cli_inputs` of ``--sweep-disk --cpu-bytes cpu_bytes``, with the CPU tier's chunk
+    slots and the tier's load split the CLI hands ``disk_tier``."""
+    import vllm_adapter.cli.sizing as sizing
+    from vllm_adapter.cli import main
+
+    got: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def capture(*args: Any, **kwargs: Any) -> None:
+        got.append((args, kwargs))
+
+    real = sizing.disk_tier
+    sizing.disk_tier = capture  # type: ignore[assignment]
+    try:
+        err = io.StringIO()
+        rc = main(["config", "--model", str(ROOT / model), "-tp", str(tp), "--block-size", "512",
+                   "--workload", workload, "--cpu-bytes", cpu_bytes, "--sweep-disk"],
+                  stdout=io.StringIO(), stderr=err)
+    finally:
+        sizing.disk_tier = real  # type: ignore[assignment]
+    if rc or not got:
+        raise SystemExit(f"the CLI failed for {model}: {err.getvalue()}")
+    (args, kwargs), = got
+    chunking, work, policy, key_bytes = args[:4]
+    return chunking, work, policy, dict(key_bytes), kwargs["cpu_chunks"], kwargs["load_split"]
+
+
+def repair_curves(name: str, model: str, tp: int, workload: str, cpu_bytes: str,
+                  ) -> tuple[str, str]:
+    """The ``--sweep-disk`` curve with vLLM's CPU tier in front (``--cpu-bytes``), at its 8
+    points: the rule, the rule with repair (the cascade also writes a store's missing
+    ancestors the CPU tier holds: :meth:`reference.tiered_index.TieredIndex.missing_ancestors`)
+    and plain LRU: hit rate, bytes the disk wrote (repairs included), bytes stranded.  Also
+    a one-row summary for ``docs/semantics.md`` section 10 (:func:`repair_region`)."""
+    from reference.tiered_curve import tiered_miss_ratio_curve
+
+    chunking, work, policy, key_bytes, slots, split = cli_tiered_inputs(model, tp, workload,
+                                                                       cpu_bytes)
+    big = scaled(work, gpu_cache=work.gpu_cache)
+    alone = miss_ratio_curve(chunking, big, 8, EvictionRule.REACHABLE, key_bytes, Layout.PACKED,
+                             policy, load_split=split, gpu_cache=big.gpu_cache)
+    sizes = tuple(e.budget_bytes or 0 for e in alone)
+
+    def tiered(rule: EvictionRule, repair: bool = False) -> Any:
+        return tiered_miss_ratio_curve(chunking, big, sizes, slots, rule, key_bytes,
+                                       Layout.PACKED, policy, load_split=split,
+                                       gpu_cache=big.gpu_cache, repair=repair)
+
+    rule, fixed, lru = tiered(EvictionRule.REACHABLE), tiered(EvictionRule.REACHABLE, True), \
+        tiered(EvictionRule.LRU)
+    gib = 2**30
+    out = [f"### {name}: {big.name}, CPU tier {cpu_bytes} ({slots} chunk slots)", "",
+           "| disk | rule | rule + repair | LRU | repair - rule | GiB written: rule | "
+           "rule + repair (of which repairs) | LRU | stranded: rule / rule + repair / LRU |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for size, r, f, lr in zip(sizes, rule, fixed, lru, strict=True):
+        out.append(
+            f"| {size / gib:.2f} GiB | {r.hit_rate:.1%} | {f.hit_rate:.1%} | {lr.hit_rate:.1%} | "
+            f"{100 * (f.hit_rate - r.hit_rate):+.1f} | {r.bytes_written / gib:.2f} | "
+            f"{f.bytes_written / gib:.2f} ({f.bytes_repaired / gib:.2f}) | "
+            f"{lr.bytes_written / gib:.2f} | {r.stranded_bytes / gib:.2f} / "
+            f"{f.stranded_bytes / gib:.2f} / {lr.stranded_bytes / gib:.2f} GiB |")
+    deltas = [100 * (f.hit_rate - r.hit_rate) for r, f in zip(rule, fixed, strict=True)]
+    worst = min(range(len(sizes)), key=lambda i: (round(deltas[i], 1), i))
+    r, f = rule[worst], fixed[worst]
+    summary = (
+        f"| {name} {work.name} | {sum(round(d, 1) < 0 for d in deltas)} / "
+        f"{sum(round(d, 1) > 0 for d in deltas)} | {deltas[worst]:+.1f} at "
+        f"{sizes[worst] / gib:.2f} GiB ({r.hit_rate:.1%} to {f.hit_rate:.1%}) | "
+        f"{r.bytes_written / gib:.2f} to {f.bytes_written / gib:.2f} GiB | "
+        f"{max(e.stranded_bytes for e in fixed) / gib:.2f} GiB |")
+    return "\n".join(out), summary
+
+
+REPAIR_REGION = "disk-repair"
+"""The region of ``docs/semantics.md`` section 10 that ``--repair --doc`` writes."""
+
+
+def repair_region(summaries: list[str]) -> str:
+    """Section 10's summary of ``--repair``: a row per curve."""
+    return "\n".join([
+        "", "`KVCHUNK_VLLM=0.34.0 HF_HUB_OFFLINE=1 .nox/tests-vllm-0-34-0/bin/python "
+        "scripts/disk_ablation.py --repair` prints the four curves point by point (`--repair "
+        "--doc` writes this summary, `--repair --check` reruns it); repair against the rule "
+        "without it, CPU tier in front:", "",
+        "| curve | points behind / ahead | worst (disk: rule to rule + repair) | written there "
+        "(rule to rule + repair) | stranded with repair (max) |",
+        "|---|---:|---:|---:|---:|", *summaries, ""])
+
+
 class RecencyOnly(Disk):
     """The rule without its first step (the window files of a boundary one prefix passed,
     first): least recently used evictable unit only, as before issue #31's fix."""
@@ -266,22 +357,24 @@ def doc_region() -> str:
     return "\n".join(body)
 
 
-def doc(check: bool) -> int:
-    """Write (or with ``check`` compare) the ``disk-ablation`` region of section 10."""
+def doc(check: bool, region: str = REGION, body: str | None = None) -> int:
+    """Write (or with ``check`` compare) the ``region`` of section 10 (``body``: its text;
+    None: the ablation, :func:`doc_region`)."""
     import re
 
     text = DOC.read_text()
-    pattern = re.compile(rf"(<!-- generated:{REGION} -->)(.*?)(<!-- /generated:{REGION} -->)", re.S)
+    pattern = re.compile(rf"(<!-- generated:{region} -->)(.*?)(<!-- /generated:{region} -->)", re.S)
     if not pattern.search(text):
-        print(f"{DOC_NAME} has no <!-- generated:{REGION} --> region: add the markers")
+        print(f"{DOC_NAME} has no <!-- generated:{region} --> region: add the markers")
         return 1
-    new = pattern.sub(lambda m: m[1] + doc_region() + m[3], text, count=1)
+    fresh = doc_region() if body is None else body
+    new = pattern.sub(lambda m: m[1] + fresh + m[3], text, count=1)
     if check:
         same = new == text
-        print(f"{DOC_NAME} section 10's ablation: {'current' if same else 'differs'}")
+        print(f"{DOC_NAME} section 10's {region}: {'current' if same else 'differs'}")
         return 0 if same else 1
     DOC.write_text(new)
-    print(f"wrote {DOC_NAME} section 10's ablation")
+    print(f"wrote {DOC_NAME} section 10's {region}")
     return 0
 
 
@@ -291,13 +384,41 @@ def main() -> None:
     parser.add_argument("--workload", default="agentic")
     parser.add_argument("--model", choices=sorted(MODELS), action="append")
     parser.add_argument("--curves", action="store_true")
+    parser.add_argument("--repair", action="store_true",
+                        help="the four --sweep-disk --cpu-bytes curves (scripts/disk_curves_cpu.py"
+                        "'s): the rule, the rule with repair, plain LRU, CPU tier in front")
     parser.add_argument("--doc", action="store_true",
                         help=f"write the default ablation (both models) into {DOC_NAME} section 10")
     parser.add_argument("--check", action="store_true",
                         help=f"exit 1 when {DOC_NAME} section 10's ablation differs from a fresh run")
     args = parser.parse_args()
-    if args.doc or args.check:
+    if (args.doc or args.check) and not args.repair:
         raise SystemExit(doc(args.check))
+    if args.repair:
+        from scripts.disk_curves_cpu import CURVES
+
+        quiet = args.doc or args.check
+        summaries = []
+        if not quiet:
+            print("# Repair: the cascade writes a store's missing ancestors from the CPU tier\n\n"
+                  "Generated by `KVCHUNK_VLLM=0.34.0 HF_HUB_OFFLINE=1 .nox/tests-vllm-0-34-0/bin/python "
+                  "scripts/disk_ablation.py --repair` (`block_size` 512, packed layout, GPU prefix "
+                  "cache cold, vLLM's CPU tier in front of the disk as `--sweep-disk --cpu-bytes` "
+                  "serves it, `reference/tiered_curve.py`; hit rate = prompt tokens the offload tiers "
+                  "served; written = bytes of the files the disk wrote; stranded = bytes on disk at "
+                  "the end no lookup can load from the disk alone).\n")
+        for c in CURVES:
+            if args.model and not any(MODELS[m][0].endswith(c.model) for m in args.model):
+                continue
+            table, summary = repair_curves(f"{c.model} TP{c.tp}", f"vllm_adapter/models/{c.model}",
+                                           c.tp, c.workload, c.cpu_bytes)
+            summaries.append(summary)
+            if not quiet:
+                print(table)
+                print(flush=True)
+        if quiet:
+            raise SystemExit(doc(args.check, REPAIR_REGION, repair_region(summaries)))
+        return
     if args.curves:
         print("# The eviction rule against plain LRU on the `--sweep-disk` curves\n\n"
               "Generated by `KVCHUNK_VLLM=0.34.0 HF_HUB_OFFLINE=1 .nox/tests-vllm-0-34-0/bin/python "

@@ -119,3 +119,30 @@ def test_section_10_s_ablation_table_is_the_script_s_and_agrees_with_the_curves(
         for variant, cells in rows.items():
             if variant.startswith("rule"):
                 assert cells[6].strip() == "0.00 GiB", (model, variant, cells)
+
+
+def test_section_10_s_repair_summary_is_the_script_s_and_says_it_was_not_kept() -> None:
+    """Issue #31 item 3: ``docs/semantics.md`` section 10 carries repair's summary as
+    ``scripts/disk_ablation.py --repair --doc`` writes it (``--repair --check`` reruns it):
+    the four ``--sweep-disk --cpu-bytes`` curves, repair against the rule with the CPU tier
+    in front.  The paragraph says repair was not kept: it strands nothing, is ahead of the
+    rule at no point and behind it somewhere (else the verdict above it is stale)."""
+    import re
+
+    section = DOC.read_text().split("\n## 10. ", 1)[1].split("\n## ", 1)[0]
+    assert "**Repair, measured and not kept**" in section
+    found = re.search(r"<!-- generated:disk-repair -->(.*?)<!-- /generated:disk-repair -->",
+                      section, re.S)
+    assert found, "section 10 has no generated:disk-repair region (disk_ablation.py --repair --doc)"
+    region = found[1]
+    assert "scripts/disk_ablation.py --repair" in region
+    rows = [line.strip("|").split("|") for line in region.splitlines()
+            if line.startswith("| ") and not line.startswith("| curve")]
+    assert len(rows) == 4, rows
+    behind = 0
+    for cells in rows:
+        assert cells[-1].strip() == "0.00 GiB", cells
+        points_behind, points_ahead = (int(x) for x in cells[1].split("/"))
+        assert points_ahead == 0, ("repair gains somewhere: update section 10's verdict", cells)
+        behind += points_behind
+    assert behind > 0, "repair loses nowhere: update section 10's verdict"

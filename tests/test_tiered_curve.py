@@ -239,7 +239,9 @@ TRAILS_LRU_BEHIND_THE_CPU_TIER = (
     "window files a hit has read; Overflow.HEAD with each head sized with itself pending; a "
     "store leaving out the window keys of a boundary it passes itself) leave these two points "
     "unchanged (2 of 288 behind, 0 stranded); the issue's repair from the CPU tier's copy of "
-    "a head is not tried yet.  On 0.33.0's rules only drawn(1) trails (12.8 % vs 22.4 % with 18 "
+    "a head (TieredIndex(repair=True), docs/semantics.md section 10) leaves both as they are "
+    "and puts a third behind (drawn(2) with 13 slots at 950 bytes: 24.2 % vs 32.2 %).  On "
+    "0.33.0's rules only drawn(1) trails (12.8 % vs 22.4 % with 18 "
     "slots)"
 )
 RULES_OF = {"intended": POLICY, "0.33.0": RELEASES["0.33.0"].policy}

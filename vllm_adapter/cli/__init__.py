@@ -9,8 +9,9 @@
         [--prefix-cache-retention-interval N|None] [--format table|json|markdown] \\
         [--spec-name CPUOffloadingSpec|TieringOffloadingSpec|KvchunkTieringOffloadingSpec \\
          --fs-path DIR [--fs-read-threads N] [--fs-write-threads N]] \\
-        [--workload PRESET|FILE] [--decode-storing] [--fs-model local|nfs|object-store] \\
-        [--sweep] [--disk-bytes SIZE] [--sweep-disk] [--plot PATH] \\
+        [--workload PRESET|FILE] [--gpu-cache cold|hot_shared_prefix] [--decode-storing] \\
+        [--fs-model local|nfs|object-store] [--sweep] [--disk-bytes SIZE] [--sweep-disk] \\
+        [--plot PATH]
         [--prefill-tokens-per-s T [--fs-metadata-ops N]]
 
 What it does:
@@ -64,7 +65,8 @@ What it does:
    add it before serving).
 5. **Workload** (:mod:`vllm_adapter.economics`).  ``--workload`` (a preset of
    :data:`reference.workload.PRESETS`, default ``chat``: :data:`.args.DEFAULT_WORKLOAD`
-   says why; or a TOML file) is served through the reference Planner under the
+   says why; or a TOML file; ``--gpu-cache`` overrides its ``gpu_cache``, for every
+   figure below, the disk's included) is served through the reference Planner under the
    installed release's rules (:mod:`vllm_adapter.releases`) with the engine's
    retention (``--prefix-cache-retention-interval N|None``) and
    ``offload_prompt_only`` (``--decode-storing`` sets it false) by

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,14 @@ from reference.knobs import (
     is_integer_string,
     parse_knob,
 )
-from reference.workload import PRESETS, Workload, load_workload, preset, requests
+from reference.workload import (
+    PRESETS,
+    GpuCache,
+    Workload,
+    load_workload,
+    preset,
+    requests,
+)
 from vllm_adapter import units
 from vllm_adapter.disk.budget import DISK_BYTES_KEY
 from vllm_adapter.disk_model import FS_MODEL_KEYS, FsModel
@@ -65,6 +72,8 @@ TIER_SPECS = (TIERING_SPEC, KVCHUNK_TIERING_SPEC_NAME)
 """The specs with secondary tiers: ``--fs-path`` adds the fs tier.  kvchunk's
 (``spec_module_path`` :data:`~vllm_adapter.names.KVCHUNK_TIERING_SPEC_MODULE`) checksums and
 namespaces the files and takes the tier's byte budget (``--disk-bytes``)."""
+GPU_CACHES = tuple(c.value for c in GpuCache)
+"""``--gpu-cache``'s values: :class:`reference.workload.GpuCache`'s."""
 FS_TIER = "fs"
 """vLLM's file-system secondary tier (``SecondaryTierFactory`` name, 0.33.0 and 0.34.0)."""
 
@@ -171,6 +180,14 @@ def _add_economics_flags(group: argparse._ArgumentGroup) -> None:
         metavar="PRESET|FILE",
         help=f"the workload served: a preset ({', '.join(PRESETS)}; default {DEFAULT_WORKLOAD}) "
         "or a TOML file in the format of reference/workloads/*.toml",
+    )
+    group.add_argument(
+        "--gpu-cache",
+        choices=GPU_CACHES,
+        metavar="MODE",
+        help=f"what the GPU prefix cache holds when a request arrives ({', '.join(GPU_CACHES)}); "
+        "overrides the workload's gpu_cache (every preset: cold) for every figure, "
+        "--disk-bytes and --sweep-disk included (both series)",
     )
     group.add_argument(
         "--decode-storing",
@@ -519,6 +536,8 @@ def validate(args: argparse.Namespace) -> Request:
     arch = _architecture(model_dir)
     source, language_model_only = ARCHITECTURES[arch]
     workload = _workload(args.workload)
+    if args.gpu_cache is not None:  # the flag overrides the workload's own gpu_cache
+        workload = replace(workload, gpu_cache=GpuCache(args.gpu_cache))
     if args.plot is not None and not (args.sweep or args.sweep_disk):
         raise CliError("--plot needs --sweep or --sweep-disk (it draws the sweep)")
     if args.plot is not None and args.sweep and args.sweep_disk:

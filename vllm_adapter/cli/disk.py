@@ -1,9 +1,8 @@
 """``--disk-bytes`` and ``--sweep-disk``: what hit rate a disk of a given size gives.
 
 The workload is scaled to about a million prompt tokens of sessions over time
-(:func:`reference.disk_economics.scaled`: sessions turn by turn round-robin, GPU cache cold,
-so every reused token must come from the disk), then served through the reference
-Planner over a disk tier of a byte budget (:func:`reference.disk_economics.miss_ratio_curve`),
+(:func:`reference.disk_economics.scaled`: sessions turn by turn round-robin), then served
+through the reference Planner over a disk tier of a byte budget (:func:`reference.disk_economics.miss_ratio_curve`),
 packed layout (per store job a file of its full-attention keys and one of its window
 keys, as the tier writes them), each key one CPU-tier row of the chosen knob.
 Both eviction rules run: the reference's rule (leaves of the prefix structure first,
@@ -13,8 +12,9 @@ serves the same workload a second time at the same disk sizes with vLLM's CPU ti
 front of the disk, as operators run it (:func:`reference.tiered_curve.tiered_miss_ratio_curve`:
 ``cpu_bytes_to_use // slot`` chunk slots, vLLM's request-scoped LRU, promotions at
 lookup, the disk fed only by the CPU->disk cascade of newly stored chunks).  The GPU
-prefix cache is cold in both series (there is no flag for another GPU cache).  No
-vLLM import.
+prefix cache, in both series, is the workload's ``gpu_cache`` (cold for every preset: every
+reused token must come from offload), which ``--gpu-cache`` overrides (the ``gpu_cache``
+parameter of both curves).  No vLLM import.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from reference.knobs import Chunking
 from reference.packed_split import LoadSplit
 from reference.plan import Policy
 from reference.tiered_curve import TieredEconomics, tiered_miss_ratio_curve
-from reference.workload import Workload, requests
+from reference.workload import GpuCache, Workload, requests
 from vllm_adapter.cli.args import CliError
 from vllm_adapter.cli.economics import save_plot
 from vllm_adapter.cli.result import DiskCurvePoint, DiskRun, DiskTier, TieredDiskRun
@@ -79,7 +79,10 @@ def _scaling(workload: Workload, scaled_workload: Workload) -> str:
         f"{workload.name}: {workload.sessions} session(s), {given} prompt tokens, scaled to "
         f"{scaled_workload.sessions} sessions (~1M prompt tokens) served turn by turn "
         "round-robin (a session's next turn comes back after every other session's), "
-        "GPU prefix cache cold: every reused token comes from the disk"
+        + ("GPU prefix cache cold: every reused token comes from the disk"
+           if scaled_workload.gpu_cache is GpuCache.COLD else
+           f"GPU prefix cache {scaled_workload.gpu_cache.value}: the system prompt stays on "
+           "the GPU, every other reused token comes from the disk")
     )
 
 
@@ -99,7 +102,8 @@ def disk_tier(
     """Both rules at ``disk_bytes`` and/or across :data:`DISK_SWEEP_POINTS` sizes; with
     ``cpu_chunks`` (the CPU tier's slots for ``cpu_bytes``), the sweep's sizes again with
     that CPU tier in front of the disk.  ``load_split``: the packed tier's (its files read
-    are one per file per slice, :class:`reference.disk_economics.BudgetedIndex`)."""
+    are one per file per slice, :class:`reference.disk_economics.BudgetedIndex`).  The GPU
+    prefix cache is ``workload.gpu_cache`` in both series."""
     if disk_bytes is None and not sweep:
         return None
     if chunking.alignment_tokens is None:
@@ -107,13 +111,13 @@ def disk_tier(
             "--disk-bytes / --sweep-disk: this chunking has no alignment span (full-attention "
             "groups of different chunk spans); give a --block-size, e.g. --block-size 512"
         )
-    big = scaled(workload)
+    big = scaled(workload, gpu_cache=workload.gpu_cache)
     prompt_tokens = sum(len(r.prompt) for r in requests(big))
 
     def curve(sizes: tuple[int, ...] | int, rule: EvictionRule) -> tuple[DiskEconomics, ...]:
         try:
             return miss_ratio_curve(chunking, big, sizes, rule, key_bytes, Layout.PACKED, policy,
-                                    load_split=load_split)
+                                    load_split=load_split, gpu_cache=big.gpu_cache)
         except ValueError as e:  # a Mamba-align group: the rule does not model it
             raise CliError(f"--disk-bytes / --sweep-disk: {e}") from None
 
@@ -133,7 +137,8 @@ def disk_tier(
         if cpu_chunks is not None:
             tiered = {
                 rule: tiered_miss_ratio_curve(chunking, big, sizes, cpu_chunks, rule, key_bytes,
-                                              Layout.PACKED, policy, load_split=load_split)
+                                              Layout.PACKED, policy, load_split=load_split,
+                                              gpu_cache=big.gpu_cache)
                 for rule in RULES
             }
             cpu_points = tuple(
