@@ -35,7 +35,7 @@ RULES = (EvictionRule.REACHABLE, EvictionRule.LRU)
 
 
 def _drawn(seed: int) -> Any:
-    from tests.test_tiered_curve import drawn
+    from test_tiered_curve import drawn
 
     return drawn(seed)
 
@@ -155,7 +155,7 @@ def test_the_reference_curves_serve_the_shared_prefix_from_the_gpu_when_hot(seed
     workload with a system prompt, a hot shared prefix serves it from the GPU, so the offload
     tiers serve fewer tokens than with a cold GPU cache at the unbounded disk (disk only, and
     a CPU tier in front); the default is cold."""
-    from tests.test_tiered_curve import CHUNKING, KEY_BYTES
+    from test_tiered_curve import CHUNKING, KEY_BYTES
 
     w = _drawn(seed)
     for cpu in (None, 64):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from test_tiered_curve import drawn
 
 from reference.disk_economics import BudgetedIndex
 from reference.eviction import EvictionRule, Layout
@@ -21,7 +22,6 @@ from reference.keys import make_key
 from reference.knobs import BlocksPerChunk, Chunking, resolve
 from reference.tiered_curve import tiered_miss_ratio_curve
 from reference.tiered_index import TieredIndex
-from tests.test_tiered_curve import drawn
 
 KEY_BYTES = 100
 
@@ -109,8 +109,8 @@ def test_repair_off_is_the_default_curve_and_on_strands_nothing(seed: int) -> No
     """On drawn multi-turn workloads with a small CPU tier in front: ``repair=False`` is the
     default curve exactly, nothing repaired; ``repair=True`` strands nothing under the rule
     and counts its repairs within the bytes written."""
-    from tests.test_tiered_curve import CHUNKING as C
-    from tests.test_tiered_curve import KEY_BYTES as KB
+    from test_tiered_curve import CHUNKING as C
+    from test_tiered_curve import KEY_BYTES as KB
 
     w = drawn(seed)
     default = tiered_miss_ratio_curve(C, w, 4, 3, EvictionRule.REACHABLE, KB, Layout.PACKED)
