@@ -19,12 +19,17 @@ vLLM is imported lazily (inside the functions), as the CLI's argument checks nee
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from reference.disk_economics import DiskEconomics, miss_ratio_curve
+from reference.eviction import EvictionRule, Layout
 from reference.geometry import cpu_row_bytes
 from reference.knobs import BLOCK_SIZE, BLOCKS_PER_CHUNK, Chunking
+from reference.packed_split import LoadSplit
 from reference.plan import Policy
+from reference.tiered_curve import TieredEconomics, tiered_miss_ratio_curve
 from reference.workload import Workload
 from vllm_adapter import economics as E
 from vllm_adapter.disk_model import FS_MODELS, FsModel
@@ -34,11 +39,14 @@ from vllm_adapter.results import Sweep, Traffic
 
 __all__ = [
     "DEFAULT_WORKLOAD",
+    "DISK_SWEEP_POINTS",
     "SWEEP_POINTS",
     "CpuRow",
+    "DiskSweep",
     "FixtureKnob",
     "PlannedEngine",
     "cpu_row",
+    "disk_sweep",
     "fixture_knob",
     "knob_traffic",
     "forget_served",
@@ -56,6 +64,9 @@ million prompt tokens (short turns leave a partial chunk per request), so a disk
 by it is not sized for the easy case."""
 SWEEP_POINTS = 8
 """Knob values a ``--sweep`` shows."""
+DISK_SWEEP_POINTS = 8
+"""Disk sizes a ``--sweep-disk`` shows: ``peak * k / 8``, k = 1..8 (the unbounded run's
+peak bytes last: nothing evicted)."""
 SWEEP_FIRST_BLOCK_SIZE = 256
 SWEEP_LAST_EXPONENT = 24
 """The largest power of two a ``--block-size`` sweep tries (2**24 tokens)."""
@@ -130,6 +141,53 @@ class CpuRow:
             self.blocks_per_chunk if blocks is None else blocks,
             self.page_alignment,
         )
+
+    def chunks_in(self, cpu_bytes: int) -> int:
+        """The chunk slots ``cpu_bytes_to_use`` holds: whole rows (vLLM's CPU tier)."""
+        return cpu_bytes // self.row_bytes()
+
+
+@dataclass(frozen=True)
+class DiskSweep:
+    """``--sweep-disk``'s curves (:func:`disk_sweep`): per size, each rule's economics of
+    the disk alone, and with ``cpu_chunks`` those of the disk behind vLLM's CPU tier."""
+
+    sizes: tuple[int, ...]
+    rule: tuple[DiskEconomics, ...]
+    lru: tuple[DiskEconomics, ...]
+    cpu_rule: tuple[TieredEconomics, ...] | None
+    cpu_lru: tuple[TieredEconomics, ...] | None
+
+
+def disk_sweep(
+    chunking: Chunking, scaled_workload: Workload, policy: Policy, key_bytes: Mapping[int, int],
+    cpu_chunks: int | None = None, load_split: LoadSplit | None = None,
+) -> DiskSweep:
+    """What ``python -m vllm_adapter config --sweep-disk`` computes after vLLM's planning
+    (the CLI renders it, the curve bench times it): the rule's curve over
+    :data:`DISK_SWEEP_POINTS` sizes of the packed layout, plain LRU's at the same sizes,
+    and with ``cpu_chunks`` both again with vLLM's CPU tier of that many chunk slots in
+    front (:func:`reference.tiered_curve.tiered_miss_ratio_curve`).  ``scaled_workload``:
+    the workload as :func:`reference.disk_economics.scaled` makes it; its ``gpu_cache``
+    is both series'.  A chunking the rule does not model raises ``ValueError``."""
+    def curve(sizes: tuple[int, ...] | int, rule: EvictionRule) -> tuple[DiskEconomics, ...]:
+        return miss_ratio_curve(chunking, scaled_workload, sizes, rule, key_bytes, Layout.PACKED,
+                                policy, load_split=load_split, gpu_cache=scaled_workload.gpu_cache)
+
+    def tiered(sizes: tuple[int, ...], slots: int,
+               rule: EvictionRule) -> tuple[TieredEconomics, ...]:
+        return tiered_miss_ratio_curve(chunking, scaled_workload, sizes, slots, rule, key_bytes,
+                                       Layout.PACKED, policy, load_split=load_split,
+                                       gpu_cache=scaled_workload.gpu_cache)
+
+    rule_curve = curve(DISK_SWEEP_POINTS, EvictionRule.REACHABLE)
+    sizes = tuple(e.budget_bytes or 0 for e in rule_curve)
+    lru_curve = curve(sizes, EvictionRule.LRU)
+    if cpu_chunks is None:
+        return DiskSweep(sizes, rule_curve, lru_curve, None, None)
+    return DiskSweep(sizes, rule_curve, lru_curve,
+                     tiered(sizes, cpu_chunks, EvictionRule.REACHABLE),
+                     tiered(sizes, cpu_chunks, EvictionRule.LRU))
 
 
 def cpu_row(offloading_config: Any, world_size: int, blocks_per_chunk: int) -> CpuRow:

@@ -2,9 +2,9 @@
 vLLM's planning, per curve, within 10 s for the disk alone and 20 s with both series
 (issue #31).
 
-Times :func:`vllm_adapter.cli.disk.disk_tier` -- the CLI's own sweep: 8 disk sizes, the
-rule and plain LRU, over the workload scaled to ~1M prompt tokens
-(:func:`reference.disk_economics.scaled`) -- on the ``block_size`` 512 chunking of the
+Times :func:`vllm_adapter.planning.disk_sweep` -- the CLI's own sweep (``--sweep-disk``
+renders it): 8 disk sizes, the rule and plain LRU, over the workload scaled to ~1M prompt
+tokens (:func:`reference.disk_economics.scaled`) -- on the ``block_size`` 512 chunking of the
 gemma-4-31B-it TP2 and DeepSeek-V4-Flash TP4 fixtures
 (:func:`vllm_adapter.planning.fixture_knob`), over the ``chat`` and ``agentic`` presets,
 as two series:
@@ -15,7 +15,7 @@ as two series:
   20 s.
 
 The CPU tier's slots and the packed tier's load split are the CLI's
-(:func:`vllm_adapter.cli.cpu_tier.cpu_tier`, :func:`vllm_adapter.disk.tier.configured_load_split`
+(:meth:`vllm_adapter.planning.CpuRow.chunks_in`, :func:`vllm_adapter.disk.tier.configured_load_split`
 with vLLM's default pool).  Each round is a fresh call (the hashed workload, the unbounded
 run and its states are not kept between calls).  The figure is the ratio of the round
 times to the series' budget (:data:`BUDGETS_S`), a geometric mean with its 95 %
@@ -38,11 +38,10 @@ from conformance.testing.requires import require_vllm
 
 require_vllm()
 
+from reference.disk_economics import scaled  # noqa: E402
 from reference.workload import preset  # noqa: E402
-from vllm_adapter.cli.cpu_tier import cpu_tier  # noqa: E402
-from vllm_adapter.cli.disk import disk_tier  # noqa: E402
 from vllm_adapter.disk.tier import configured_load_split  # noqa: E402
-from vllm_adapter.planning import fixture_knob  # noqa: E402
+from vllm_adapter.planning import DISK_SWEEP_POINTS, disk_sweep, fixture_knob  # noqa: E402
 from vllm_adapter.units import parse_bytes  # noqa: E402
 
 ROUNDS = env_int("KVCHUNK_BENCH_DISK_CURVE_ROUNDS", 3)
@@ -59,8 +58,7 @@ def test_disk_curve_speed(benchmark: Any, geometry: str, workload_name: str, ser
     knob = fixture_knob(geometry, "block_size", 512)
     key_bytes = {gc_.group.index: knob.row.row_bytes() for gc_ in knob.chunking.groups}
     cpu_bytes = parse_bytes(CURVE_CPU_BYTES[geometry]) if series == "both" else None
-    cpu_chunks = (cpu_tier(cpu_bytes, knob.row, 1, "").num_chunks
-                  if cpu_bytes is not None else None)
+    cpu_chunks = knob.row.chunks_in(cpu_bytes) if cpu_bytes is not None else None
     workload = preset(workload_name)
     budget_s = BUDGETS_S[series]
     times: list[float] = []
@@ -69,29 +67,29 @@ def test_disk_curve_speed(benchmark: Any, geometry: str, workload_name: str, ser
     def one() -> None:
         gc.collect()
         start = time.perf_counter()
-        result = disk_tier(knob.chunking, workload, knob.policy, key_bytes, None, True, None,
-                           "", cpu_bytes=cpu_bytes, cpu_chunks=cpu_chunks,
-                           load_split=configured_load_split({}))
+        big = scaled(workload, gpu_cache=workload.gpu_cache)
+        result = disk_sweep(knob.chunking, big, knob.policy, key_bytes, cpu_chunks,
+                            configured_load_split({}))
         times.append(time.perf_counter() - start)
-        results.append(result)
+        results.append((big, result))
 
     benchmark.pedantic(one, rounds=ROUNDS, iterations=1, warmup_rounds=0)
-    result = results[-1]
-    assert result is not None and result.curve is not None and len(result.curve) == SIZES
-    assert result.curve[-1].rule.files_evicted_per_million == 0, "the last size is not the peak"
-    assert all(p.rule.stranded_bytes == 0 for p in result.curve)
-    assert (result.cpu_curve is not None) == (series == "both")
+    big, result = results[-1]
+    assert len(result.sizes) == SIZES == DISK_SWEEP_POINTS
+    assert result.rule[-1].files_evicted == 0, "the last size is not the unbounded peak"
+    assert all(p.stranded_bytes == 0 for p in result.rule)
+    assert (result.cpu_rule is not None) == (series == "both")
     interval = paired_interval(times, [budget_s] * len(times), speed=False)
     info = dict(
         kind="disk_curve",
         series=series,
         geometry=geometry,
         label=GEOMETRIES[geometry],
-        workload=result.workload,
+        workload=big.name,
         cpu_bytes=cpu_bytes,
-        sizes=[p.budget_bytes for p in result.curve],
-        hit_rate=[round(p.rule.hit_rate, 4) for p in result.curve],
-        lru_hit_rate=[round(p.lru.hit_rate, 4) for p in result.curve],
+        sizes=list(result.sizes),
+        hit_rate=[round(p.hit_rate, 4) for p in result.rule],
+        lru_hit_rate=[round(p.hit_rate, 4) for p in result.lru],
         budget_s=budget_s,
         seconds=rounded(times, 3),
         median_s=statistics.median(times),

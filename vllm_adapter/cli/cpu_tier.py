@@ -41,7 +41,7 @@ def memory_note(cpu_bytes: int, memory: int | None = None) -> str | None:
 def cpu_tier(cpu_bytes: int | None, row: CpuRow, world_size: int, spec_name: str) -> CpuTier:
     """``cpu_bytes_to_use // row`` chunks; a budget below one row is one line."""
     slot_bytes = row.row_bytes()
-    num_chunks = cpu_bytes // slot_bytes if cpu_bytes is not None else None
+    num_chunks = row.chunks_in(cpu_bytes) if cpu_bytes is not None else None
     if num_chunks == 0:
         raise CliError(
             f"--cpu-bytes {cpu_bytes} holds no chunk: one chunk slot takes {slot_bytes} "

@@ -28,17 +28,15 @@ from reference.eviction import EvictionRule, Layout
 from reference.knobs import Chunking
 from reference.packed_split import LoadSplit
 from reference.plan import Policy
-from reference.tiered_curve import TieredEconomics, tiered_miss_ratio_curve
+from reference.tiered_curve import TieredEconomics
 from reference.workload import GpuCache, Workload, requests
 from vllm_adapter.cli.args import CliError
 from vllm_adapter.cli.economics import save_plot
 from vllm_adapter.cli.result import DiskCurvePoint, DiskRun, DiskTier, TieredDiskRun
+from vllm_adapter.planning import DISK_SWEEP_POINTS, disk_sweep
 
 __all__ = ["DISK_SWEEP_POINTS", "disk_run", "disk_tier", "plot_disk_curve"]
 
-DISK_SWEEP_POINTS = 8
-"""Disk sizes a ``--sweep-disk`` shows: ``peak * k / 8``, k = 1..8 (the unbounded run's
-peak bytes last: nothing evicted)."""
 RULES = (EvictionRule.REACHABLE, EvictionRule.LRU)
 
 
@@ -127,24 +125,18 @@ def disk_tier(
     points: tuple[DiskCurvePoint, ...] | None = None
     cpu_points: tuple[DiskCurvePoint, ...] | None = None
     if sweep:
-        rule_curve = curve(DISK_SWEEP_POINTS, EvictionRule.REACHABLE)
-        sizes = tuple(e.budget_bytes or 0 for e in rule_curve)
-        lru_curve = curve(sizes, EvictionRule.LRU)
+        try:
+            swept = disk_sweep(chunking, big, policy, key_bytes, cpu_chunks, load_split)
+        except ValueError as e:  # a Mamba-align group: the rule does not model it
+            raise CliError(f"--disk-bytes / --sweep-disk: {e}") from None
         points = tuple(
             DiskCurvePoint(size, disk_run(r), disk_run(lru))
-            for size, r, lru in zip(sizes, rule_curve, lru_curve, strict=True)
+            for size, r, lru in zip(swept.sizes, swept.rule, swept.lru, strict=True)
         )
-        if cpu_chunks is not None:
-            tiered = {
-                rule: tiered_miss_ratio_curve(chunking, big, sizes, cpu_chunks, rule, key_bytes,
-                                              Layout.PACKED, policy, load_split=load_split,
-                                              gpu_cache=big.gpu_cache)
-                for rule in RULES
-            }
+        if swept.cpu_rule is not None and swept.cpu_lru is not None:
             cpu_points = tuple(
                 DiskCurvePoint(size, tiered_run(r), tiered_run(lru))
-                for size, r, lru in zip(sizes, tiered[EvictionRule.REACHABLE],
-                                        tiered[EvictionRule.LRU], strict=True)
+                for size, r, lru in zip(swept.sizes, swept.cpu_rule, swept.cpu_lru, strict=True)
             )
     result = DiskTier(
         workload=big.name,
