@@ -122,6 +122,9 @@ class BudgetedIndex:
         """Stores that did not fit, of which a head was admitted (:attr:`Overflow.HEAD`)."""
         self.keys_cut = 0
         """Keys left out of those stores (beyond the head)."""
+        self._since_idle: dict[bytes, None] = {}
+        """Keys stored since :meth:`idle` last ran (and those it had to leave in files being
+        read): the only keys that can be stranded then (see :meth:`idle`)."""
 
     def observe(self, block_hashes: Sequence[bytes]) -> None:
         self.structure.observe(block_hashes)
@@ -178,6 +181,7 @@ class BudgetedIndex:
             evicted = self.disk.evict_for(0, self.budget, self.rule)
             assert evicted is not None, "a head that fits was refused"
         self.files_evicted += len(evicted)
+        self._since_idle.update(dict.fromkeys(new))
         victims = tuple(k for _, ks in evicted for k in ks)
         return StorePlan(tuple(new), tuple(range(len(new))), victims)
 
@@ -250,23 +254,39 @@ class BudgetedIndex:
         """No store is pending (the engine is idle, every request's stores done): under the
         rule, every key no lookup can load leaves (:meth:`Disk.stranded`: window keys
         admitted pending a boundary whose store never came, a refused one or a later
-        turn's), so an idle disk strands nothing.  Files being read keep theirs."""
-        if self.rule is EvictionRule.REACHABLE and self.admission:
-            self._drop_keys(self.disk.stranded())
+        turn's), so an idle disk strands nothing.  Files being read keep theirs.
 
-    def _drop_keys(self, stranded: Iterable[bytes]) -> None:
+        Only the keys stored since the last call are judged
+        (:meth:`~reference.eviction.Disk.stranded_among`; a tier judges a finished
+        request's keys alike): under the rule no other key can become stranded (admission
+        keeps a key out unless its boundary is whole or one store away, a unit takes the
+        window keys its removal strands, a failed store drops what it strands), and the
+        curves' tests check that the whole disk's :meth:`~reference.eviction.Disk.stranded`
+        is empty at every size."""
+        if self.rule is EvictionRule.REACHABLE and self.admission:
+            kept = self._drop_keys(self.disk.stranded_among(self._since_idle))
+            self._since_idle = dict.fromkeys(kept)
+        else:
+            self._since_idle.clear()
+
+    def _drop_keys(self, stranded: Iterable[bytes]) -> list[bytes]:
+        """Drop ``stranded`` keys (a file left with none goes); the keys kept because
+        their file is being written or read."""
         by_file: dict[int, list[bytes]] = {}
         for k in stranded:
             by_file.setdefault(self.disk.file_of[k], []).append(k)
+        kept: list[bytes] = []
         for fid, keys in by_file.items():
             f = self.disk.files[fid]
             if not f.ready or f.pins:
+                kept += keys
                 continue
             if len(keys) == len(f.keys):
                 self.disk.remove(fid)
                 self.files_evicted += 1
             else:
                 self.disk.keep_keys(fid, [k for k in f.keys if k not in keys])
+        return kept
 
     def prepare_load(self, keys: Sequence[bytes]) -> object:
         fids = dict.fromkeys(self.disk.file_of[k] for k in keys)
@@ -291,6 +311,7 @@ class BudgetedIndex:
 
     def reset(self) -> None:
         self.disk = Disk(self.structure)
+        self._since_idle.clear()
 
     # -- what an operator reads ---------------------------------------------------
 

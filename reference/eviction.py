@@ -57,7 +57,8 @@ The rule (:meth:`Disk.evictable`, :meth:`Disk.evict_for`)
     from the store plan.  A window key admitted while its boundary was one store away
     leaves once no store is pending and the boundary is not whole (the store was refused,
     or is a later turn's: :meth:`reference.disk_economics.BudgetedIndex.idle`), so an idle
-    disk strands nothing.
+    disk strands nothing (a tier drops them as each request that stored them finishes:
+    :meth:`vllm_adapter.disk.ledger.RootLedger.drop_finished`).
 
 A store that does not fit (:class:`Overflow`)
     Refused whole (the rule's default: nothing is written), or, as an option, the longest
@@ -79,7 +80,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -296,6 +297,12 @@ class Disk:
         if pending_windows:
             return frozenset(k for k in self.stranded() if s.is_full(k) or not any(
                 self._completable(b) for b in s.serves.get(k, ())))
+        return self.stranded_among(self.file_of)
+
+    def stranded_among(self, keys: Iterable[bytes]) -> frozenset[bytes]:
+        """Of ``keys``, those on disk that no lookup can load (:meth:`stranded`'s test, each
+        key judged alone: the work grows with ``keys`` and their prefixes, not the disk)."""
+        s = self.structure
         memo: dict[bytes, bool] = {}
         whole: dict[bytes, bool] = {}
 
@@ -307,7 +314,9 @@ class Disk:
             return whole[boundary]
 
         out = set()
-        for key in self.file_of:
+        for key in keys:
+            if key not in self.file_of:
+                continue
             if s.is_full(key):
                 if not self._full_reachable(key, memo):
                     out.add(key)
@@ -581,12 +590,21 @@ def eviction_unit(disk: Disk, fid: int) -> tuple[int, ...] | None:
     s = disk.structure
     files = [fid]
     gone: set[bytes] = set()
+    whole: dict[bytes, bool] = {}
+    """Boundary -> whole without ``gone`` (valid until ``gone`` grows)."""
+
+    def whole_without(boundary: bytes) -> bool:
+        if boundary not in whole:
+            whole[boundary] = disk._whole_without(boundary, gone)
+        return whole[boundary]
+
     todo = [fid]
     while todo:
         f = disk.files[todo.pop()]
         if not f.ready or f.pins:
             return None
         gone.update(f.keys)
+        whole.clear()
         broken: set[bytes] = set()
         for key in f.keys:
             if s.is_full(key):
@@ -606,7 +624,7 @@ def eviction_unit(disk: Disk, fid: int) -> tuple[int, ...] | None:
                 owner = disk.file_of.get(w)
                 if owner is None or owner in files:
                     continue
-                if not any(disk._whole_without(b, gone) for b in s.serves[w]):
+                if not any(whole_without(b) for b in s.serves[w]):
                     files.append(owner)
                     todo.append(owner)
     return tuple(files)

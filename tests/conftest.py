@@ -20,7 +20,7 @@ settings.load_profile(os.environ.get("KVCHUNK_PROFILE", "ci"))
 # -- Once per CI run, not once per vLLM release ------------------------------------------
 
 RELEASE_INDEPENDENT = frozenset({
-    "test_bench_packed_rows", "test_bench_stats", "test_corpus_no_torch", "test_disk_bounds", "test_disk_budget", "test_docs", "test_economics", "test_eviction", "test_gpu_ci",
+    "test_bench_packed_rows", "test_bench_stats", "test_corpus_no_torch", "test_disk_bounds", "test_disk_budget", "test_docs", "test_economics", "test_eviction", "test_finished_requests", "test_gpu_ci",
     "test_gpu_smoke", "test_invariants", "test_keys", "test_knobs", "test_ledger_state_machine",
     "test_ledger_across_hosts", "test_ledger_two_hosts", "test_plan", "test_policies", "test_report_tiers",
     "test_packed_file", "test_packed_split", "test_protocol_doc", "test_require_vllm", "test_rules", "test_semantics_coverage", "test_tiered_curve", "test_tiered_repair", "test_transfer", "test_transfer_catches",

@@ -87,7 +87,7 @@ def test_every_definition_is_unique_documented_and_typed() -> None:
     assert len(names_) == len(set(names_))
     assert all(n.startswith(N) and PROM_NAME.match(n) for n in names_), names_
     fields = {n[len(N):] for n in names_}
-    assert len(fields) == 33
+    assert len(fields) == 35
     for name, meta in defs.items():
         assert meta.documentation.strip(), name
         assert meta.labelnames == (), name

@@ -26,6 +26,10 @@ drives a secondary tier:
   (``window_siblings``: one that ends before the store's last key and is not on disk
   never comes, vLLM's CPU tier cascading only the chunks it newly stored), as the
   tier's ledger admits.
+* **finish**: after each request (its stores done, I/O drained) the disk strands
+  nothing (:meth:`BudgetedIndex.idle`): window chunks admitted pending a boundary that
+  never became whole leave, as the tier drops a finished request's stranded keys
+  (:meth:`vllm_adapter.disk.ledger.RootLedger.drop_finished`).
 * **lookups**: a key the CPU tier holds is a hit there (the disk is not asked); any
   other key is looked up on the disk (:meth:`BudgetedIndex.lookup`: a hit refreshes
   its file's use time).
@@ -185,6 +189,7 @@ def predict(
         for req, all_hashes in chains:
             disk.observe(all_hashes)
             engine.serve(req, all_hashes)
+            disk.idle()  # the request finished, its stores done: the tier drops its strands
         t = engine.tally
         out.append(PassCounts(
             files_written=disk.files_written - before[0],

@@ -45,10 +45,16 @@ from vllm.v1.kv_cache_interface import (
     RSWASpec,
     SinkFullAttentionSpec,
 )
-from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCacheTensor, make_offload_key
+from vllm.v1.kv_offload.base import (
+    CanonicalKVCacheRef,
+    CanonicalKVCacheTensor,
+    ReqContext,
+    make_offload_key,
+)
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.gpu_worker import CPUOffloadingWorker, SingleDirectionOffloadingHandler
 from vllm.v1.kv_offload.file_mapper import FileMapper
+from vllm.v1.kv_offload.tiering.base import TransferJob
 from vllm.v1.kv_offload.tiering.fs.io import batch_load_block, batch_store_block, probe_o_direct
 from vllm.v1.kv_offload.tiering.fs.thread_pool import DualQueueThreadPool
 from vllm.v1.outputs import KVConnectorOutput
@@ -193,7 +199,9 @@ __all__ = [
     "DualQueueThreadPool",
     "FileMapper",
     "FileSystemTierManager",
+    "ReqContext",
     "SecondaryTierFactory",
+    "TransferJob",
     "batch_load_block",
     "batch_store_block",
     "fs_tier_module",

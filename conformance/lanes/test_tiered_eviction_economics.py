@@ -181,12 +181,15 @@ class TierState:
     load_failures: int
     files_on_disk: int
     ledger_files: int
+    stranded_bytes: int
+    """By the tier's own count: 0, as no store is pending when a pass ends (issue #31)."""
 
 
 def _tier_state(tier: Any) -> TierState:
     from vllm_adapter.disk.packed_file import iter_packed_files
 
     budget = tier.budget.counters.as_dict()
+    snap = tier.budget.snapshot(stranded=True)
     c = tier.counters
     return TierState(
         files_stored=c.files_stored, files_opened=c.files_opened,
@@ -194,7 +197,7 @@ def _tier_state(tier: Any) -> TierState:
         keys_not_admitted=budget["keys_not_admitted"], store_failures=c.store_failures,
         load_failures=c.load_failures,
         files_on_disk=sum(1 for _ in iter_packed_files(tier.namespace_dir)),
-        ledger_files=tier.budget.snapshot()["disk_files"],
+        ledger_files=snap["disk_files"], stranded_bytes=snap["stranded_bytes"],
     )
 
 
@@ -305,7 +308,7 @@ def test_budgeted_packed_tier_evicts_keeps_and_reads_what_the_reference_predicts
         states = _serve_passes(session, tier, [r.prompt for r in reqs])
     finally:
         T.shutdown(session)
-    zero = TierState(0, 0, 0, 0, 0, 0, 0, 0, 0)
+    zero = TierState(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
     got: list[dict[str, int]] = []
     for n, (state, before) in enumerate(zip(states, [zero, *states[:-1]], strict=True)):
         served = [hits[f"p{n}r{i}"] for i in range(len(reqs))]
@@ -339,3 +342,5 @@ def test_budgeted_packed_tier_evicts_keeps_and_reads_what_the_reference_predicts
     assert runner.stats.corrupted_loads == 0 and runner.stats.foreign_bytes_changed == 0, summary
     assert all(s.files_on_disk == s.ledger_files for s in states), (
         f"the ledger and the directory disagree: {summary}")
+    assert all(s.stranded_bytes == 0 for s in states), (
+        f"a pass ended with stranded bytes, no store pending: {summary}")

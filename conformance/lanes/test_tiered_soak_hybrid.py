@@ -36,6 +36,12 @@ packed layout (the per-chunk layout runs the same ledger and rule; its case took
 a release under the heavy-lane lock, which CI's two release chains take in turn);
 ``KVCHUNK_PROFILE=deep`` :data:`DEEP_SESSIONS` sessions of :data:`DEEP_TURNS` turns (160)
 on both fixtures and both layouts (gemma-4 in ``deep`` only, 60 requests: :data:`GEMMA_TURNS`).
+
+gemma-4 in ``ci`` (issue #31,
+:func:`test_gemma_window_keys_with_a_gap_leave_when_their_request_finishes`): no request is
+served; one request's two store jobs go through the tier's ``submit_store``, the first
+boundary's keys with a gap on a sliding-window group: its window keys stay while the
+request is live and leave once vLLM finishes it.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ from conformance.protocol.trace import RequestSpec  # noqa: E402
 from reference import packed as RP  # noqa: E402
 from reference.keys import GROUP_ID_BYTES  # noqa: E402
 from reference.knobs import Chunking  # noqa: E402
+from vllm_adapter.disk import packed_file as P  # noqa: E402
 from vllm_adapter.disk import tier as S  # noqa: E402
 from vllm_adapter.disk.ledger import budget_for_files  # noqa: E402
 
@@ -257,3 +264,87 @@ def test_hybrid_soak_small_budget_strands_nothing_when_idle(
     assert loads > 0 and stats.loaded_blocks_checked > 0, f"no load was served from files: {summary}"
     assert tier.counters.load_failures == 0, f"a load failed: {summary}"
     assert watch.job_checks > 0, f"the bound was never checked as jobs finished: {summary}"
+
+
+GAP_SPLIT = 256
+"""The gap case's store A ends here: gemma-4's window chunks (256 tokens) of the first
+512-token boundary's first half (:func:`conformance.harness.window_gap.window_gap`)."""
+
+
+def test_gemma_window_keys_with_a_gap_leave_when_their_request_finishes(
+    tmp_path: Path, record_property: Any,
+) -> None:
+    """Issue #31 on gemma-4-31B-it TP2 (``ci``; the soak's gemma-4 cases run in ``deep``):
+    the real tier, packed layout, takes one request's two store jobs through
+    ``submit_store`` (vLLM's ``TransferJob`` and ``ReqContext``; the tier's reservations,
+    packed writer and index), the first boundary's keys with a gap on a sliding-window
+    group.  While the request is live its window keys stay (a later chunked-prefill step
+    may complete the boundary), though they are stranded by then; once vLLM finishes it
+    (``on_request_finished``) they leave: 0 stranded bytes by the tier's own count and by
+    :func:`~conformance.harness.budget_checks.quiescent_problems`, store A's file gone from
+    the disk, the ledger and the tier's index, B's full-attention file kept."""
+    import numpy as np
+
+    from conformance.harness import vllm_harness_api as VH
+    from conformance.harness.window_gap import window_gap
+    from reference.keys import prefix_block_hashes
+    from vllm_adapter.planning import fixture_knob
+
+    knob = fixture_knob(GEMMA, "block_size", BLOCK_SIZE)
+    row = knob.row.row_bytes()
+    files_bytes = 4 * boundary_bytes(knob.chunking, row, "packed")
+    budget = budget_for_files(files_bytes)
+    driver = H.tier_driver(GEMMA, tmp_path, layout="packed", disk_bytes=files_bytes,
+                           num_cpu_chunks=16, num_gpu_blocks=64)
+    session, _ = T.open_session(driver, STEP_TOKENS)
+    tier = SF.tier_of(session)
+    try:
+        chunking = knob.chunking
+        hashes = prefix_block_hashes(list(range(1000, 1000 + 2 * BLOCK_SIZE)),
+                                     chunking.tokens_per_hash)
+        judge = BC.ReferenceJudge(chunking)
+        judge.observe(hashes)
+        gap = window_gap(chunking, hashes, GAP_SPLIT)
+        a, b, missing = list(gap.a), list(gap.b), gap.missing
+        ctx = VH.ReqContext(req_id="gap")
+        ctx._offload_key_positions.update(gap.positions)
+        job_ids = iter(range(1 << 30, (1 << 30) + 2))
+
+        def submit(keys: list[bytes], first_chunk: int) -> None:
+            tier.submit_store(VH.TransferJob(
+                job_id=next(job_ids), keys=keys, chunk_ids=np.arange(
+                    first_chunk, first_chunk + len(keys), dtype=np.int64),
+                is_promotion=False, req_context=ctx))
+            tier.drain_jobs()
+
+        def counters() -> str:
+            return f"{tier.budget.snapshot(stranded=True)}"
+
+        submit(a, 0)
+        a_files = {tier.index.get(k)[0] for k in a if tier.index.get(k)}  # type: ignore[index]
+        assert len(a_files) == 1 and all(k in tier.index for k in a), (
+            f"store A's window chunks were not admitted pending their boundary: {counters()}")
+        submit(b, len(a))
+        assert all(k in tier.index for k in a), f"A left while its request was live: {counters()}"
+        live = tier.budget.snapshot(stranded=True)
+        assert live["stranded_bytes"] > 0, (
+            f"not vacuous: A's window keys are stranded once B is done: {live}")
+        tier.on_request_finished(ctx)
+        tier.drain_jobs()
+        snap = tier.budget.snapshot(stranded=True)
+        record_property("knob", f"block_size={BLOCK_SIZE}, kvchunk packed fs tier, "
+                        f"disk_bytes_to_use {budget}, a boundary's window chunk missing")
+        for name in ("finished_keys_dropped", "finished_files_removed", "keys_not_admitted",
+                     "stranded_bytes"):
+            record_property(f"counter:budget_{name}", snap[name])
+        where = f"A {len(a)} keys, B {len(b)} keys; live {live}; finished {snap}"
+        assert snap["stranded_bytes"] == 0, f"the tier's own model counts stranded bytes: {where}"
+        problems = BC.quiescent_problems([tier], tmp_path, budget, judge)
+        assert not problems, f"{where}: " + "; ".join(problems)
+        assert snap["finished_keys_dropped"] == len(a) and snap["finished_files_removed"] == 1, where
+        assert not any(os.path.exists(p) or tier.index.has_file(p) for p in a_files), where
+        assert all(k not in tier.index for k in a) and missing not in tier.index, where
+        full = [k for k in b if P.group_of_key(k) in chunking.full_groups]
+        assert full and all(k in tier.index for k in full), f"B's full-attention file left: {where}"
+    finally:
+        T.shutdown(session)

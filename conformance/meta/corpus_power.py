@@ -243,6 +243,7 @@ CORPUS_GAPS: dict[str, str] = {
     "rule_eviction_any_windows_first": _DISK,
     "rule_window_sibling_always_to_come": _DISK,
     "rule_head_without_windows": _DISK,
+    "rule_stranded_ignores_window_siblings": _DISK,
     "rule_unit_recency_by_leaf": _DISK,
 }
 """Rule mutants the corpus replay alone does not kill, and the case class each lacks

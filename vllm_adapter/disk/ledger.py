@@ -645,6 +645,52 @@ class RootLedger(LedgerModel):
             self.counters.add(files_evicted=len(victims))
             gone += victims
 
+    def drop_finished(self, ns: str, keys: Iterable[bytes]) -> list[str]:
+        """A request of this engine finished and its stores are done: of ``keys`` (its
+        store jobs' keys), those in this ledger's written files that no lookup can load
+        leave (:meth:`reference.eviction.Disk.stranded_among`: window chunks admitted
+        pending a boundary whose full-attention store was refused, or whose sibling never
+        came), as the reference's ``BudgetedIndex.idle`` drops them; a file left with no
+        key goes (unlinked, then removed).  Files another engine owns (its requests may
+        still complete their boundaries) and files a load of this engine is reading stay.
+        The work grows with ``keys``, not the root.  Returns the paths removed."""
+        if self.rule is not EvictionRule.REACHABLE:
+            return []
+        with self._locked():
+            if ns not in self._spaces:
+                return []
+            space = self._space(ns)
+            if isinstance(space, DeferredNamespace):
+                space.ensure_built()
+            mine: list[bytes] = []
+            for k in dict.fromkeys(keys):
+                fid = space.disk.file_of.get(k)
+                if fid is None or not space.disk.files[fid].ready:
+                    continue
+                path = space.path_of[fid]
+                if self._res[path].owner == self.owner and path not in self._reading:
+                    mine.append(k)
+            by_file: dict[int, list[bytes]] = {}
+            for k in space.disk.stranded_among(mine):
+                by_file.setdefault(space.disk.file_of[k], []).append(k)
+            victims: list[str] = []
+            drops: list[dict[str, Any]] = []
+            for fid, dropped in by_file.items():
+                path = space.path_of[fid]
+                if len(dropped) == len(space.disk.files[fid].keys):
+                    victims.append(path)
+                else:
+                    drops.append({"op": "drop", "rid": self._res[path].rid,
+                                  "keys": hex_keys(dropped)})
+            if not by_file:
+                return []
+            for p in victims:
+                self.io.unlink(os.path.join(self.root, p))
+            self._append([{"op": "rm", "rid": self._res[p].rid} for p in victims] + drops)
+            self.counters.add(files_evicted=len(victims), finished_keys_dropped=sum(
+                len(v) for v in by_file.values()), finished_files_removed=len(victims))
+            return victims
+
     def drop_keys(self, path: str, keys: Iterable[bytes], rid: str | None = None) -> list[str]:
         """Keys of a file no load can serve any more: they leave the ledger's model of the
         file, and the files that strands go (the rule); a file left with no key goes too.

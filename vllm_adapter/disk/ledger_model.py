@@ -70,6 +70,12 @@ class BudgetCounters(Counters):
     """Ledger snapshots this tier wrote (at a compaction, at shutdown)."""
     files_recycled: int = 0
     """Victims that became a new file's temporary file (of ``files_evicted``)."""
+    finished_keys_dropped: int = 0
+    """Keys no lookup could load that left as the request of this engine that stored them
+    finished (:meth:`~vllm_adapter.disk.ledger.RootLedger.drop_finished`: window chunks of a
+    boundary whose full-attention store was refused, or whose sibling never came)."""
+    finished_files_removed: int = 0
+    """Files every key of which so left (counted in ``files_evicted``)."""
 
     def as_dict(self) -> dict[str, int]:
         with self._lock:

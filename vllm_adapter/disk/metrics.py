@@ -115,6 +115,14 @@ BUDGET_COUNTERS: dict[str, str] = {
         "Evicted files this kvchunk file tier overwrote as a new file's temporary file "
         "(counted in files_evicted)."
     ),
+    "finished_keys_dropped": (
+        "Keys no lookup could load that this kvchunk file tier dropped as the request that "
+        "stored them finished (window chunks whose boundary never became whole)."
+    ),
+    "finished_files_removed": (
+        "Files this kvchunk file tier removed because every key of theirs was so dropped "
+        "(counted in files_evicted)."
+    ),
 }
 """Counters from :meth:`~vllm_adapter.disk.tier_budget.TierBudget.snapshot` (this tier's)."""
 

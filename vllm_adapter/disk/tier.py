@@ -80,6 +80,7 @@ created and probed for writing there.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -115,6 +116,7 @@ from vllm_adapter.disk.chunk_file import (
     sweep_stale_temps,
 )
 from vllm_adapter.disk.fileio import TierFileIO
+from vllm_adapter.disk.finished import FinishedRequests
 from vllm_adapter.disk.metrics import TierStats, metric_definitions, with_kvchunk_tiers
 from vllm_adapter.disk.options import (
     DEFAULT_LAYOUT,
@@ -376,6 +378,15 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         )
         """Removes the temporary files dead writers left in this namespace, once, at start."""
         self.sweeper.start()
+        self.requests = FinishedRequests()
+        """Each request's store tasks in flight and keys stored, until vLLM finished it and
+        they are done (:mod:`vllm_adapter.disk.finished`): then its stranded keys leave."""
+        self._finisher = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="kvchunk-fs-finish")
+        """Runs the drop of a request finished with no store task in flight (never on vLLM's
+        scheduler thread: it takes the root's lock)."""
+        self._finish_last: concurrent.futures.Future[None] | None = None
+        """The drop handed to it last (one thread, in order: when it is done, all are)."""
         _LIVE.add(self)
 
     @classmethod
@@ -476,6 +487,7 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         file's header) and the ledger closed."""
         self.stop_following()
         super().shutdown()
+        self._finisher.shutdown(wait=True)  # after the pool: no store task submits a drop now
         if self.layout == "packed":
             try:
                 self.save_index_snapshot()
@@ -527,8 +539,54 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         offsets = [int(cid) * self._block_size for cid in job_metadata.chunk_ids]
         tasks = (self._packed_store_tasks(keys, offsets, positions) if self.layout == "packed"
                  else [self._store_task(keys, offsets, positions)])
+        req_id = getattr(job_metadata.req_context, "req_id", None)
+        if req_id is not None:
+            self.requests.stored(req_id, (bytes(k) for k in keys), len(tasks))
+            tasks = [self._counted(req_id, t) for t in tasks]
         self._job_block_counts[job_metadata.job_id] = len(keys)
         self._pool.enqueue_store(job_metadata.job_id, len(tasks), tasks)
+
+    def _counted(self, req_id: str, task: Callable[[], None]) -> Callable[[], None]:
+        """``task``, then the request's count of store tasks in flight less one; the last
+        task of a request vLLM has finished drops its stranded keys before it returns (so
+        the job is reported done after the drop: :meth:`drain_jobs` waits for both)."""
+        def counted() -> None:
+            try:
+                task()
+            finally:
+                keys = self.requests.task_done(req_id)
+                if keys is not None:
+                    self._drop_finished(keys)
+        return counted
+
+    def on_request_finished(self, req_context: Any) -> None:
+        """vLLM's (its lookup bookkeeping released); then, when no store task of the
+        request is in flight, the drop of its stranded keys is handed to the
+        ``kvchunk-fs-finish`` thread (otherwise its last store task runs it)."""
+        super().on_request_finished(req_context)
+        keys = self.requests.finished(req_context.req_id)
+        if keys is not None:
+            self._finish_last = self._finisher.submit(self._drop_finished, keys)
+
+    def _drop_finished(self, keys: Sequence[bytes]) -> None:
+        """A finished request's keys no lookup can load leave the ledger, the disk and the
+        index (:meth:`vllm_adapter.disk.ledger.RootLedger.drop_finished`).  A failure is
+        logged: the keys stay, counted stranded, and a store never fails for it."""
+        try:
+            gone = self.budget.drop_finished(keys)
+        except Exception as exc:
+            logger.warning("kvchunk fs tier: dropping a finished request's stranded keys "
+                           "in %s failed: %s", self.namespace_dir, exc)
+            return
+        for path in gone:
+            self.index.drop_file(path)
+
+    def drain_jobs(self) -> None:
+        """vLLM's (the I/O pool idle), then the drops of finished requests done."""
+        super().drain_jobs()
+        last = self._finish_last
+        if last is not None:
+            last.result()
 
     def _store_task(self, keys: list[Any], offsets: list[int], positions: dict[bytes, int]) -> Any:
         paths, ids = self._paths(keys)

@@ -151,6 +151,11 @@ class TierBudget:
     def drop_keys(self, path: str, keys: Iterable[bytes], rid: str | None = None) -> list[str]:
         return [self._abs(p) for p in self.ledger.drop_keys(self._rel(path), keys, rid)]
 
+    def drop_finished(self, keys: Iterable[bytes]) -> list[str]:
+        """A finished request's stranded keys leave (:meth:`RootLedger.drop_finished`);
+        the paths removed (absolute)."""
+        return [self._abs(p) for p in self.ledger.drop_finished(self.ns, keys)]
+
     def touch(self, paths: Iterable[str], rids: dict[str, str] | None = None) -> None:
         self.ledger.touch([self._rel(p) for p in paths],
                           None if rids is None else {self._rel(p): r for p, r in rids.items()})

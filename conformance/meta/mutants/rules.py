@@ -80,6 +80,7 @@ TARGETS: dict[str, tuple[str, str]] = {
     "window siblings": ("reference.eviction", "Disk.arrives_stranded"),
     "prefix-closed head": ("reference.eviction", "prefix_closed_head"),
     "unit recency": ("reference.eviction", "unit_last_use"),
+    "stranded": ("reference.eviction", "Disk.stranded_among"),
 }
 """Where each rule lives now (re-point here when the reference moves a function)."""
 
@@ -290,6 +291,12 @@ MUTANTS: tuple[Mutant, ...] = (
        "windows with it", "unit recency",
        one("return max(disk.files[fid].last_use for fid in unit)",
            "return min(disk.files[fid].last_use for fid in unit)")),
+    _r("rule_stranded_ignores_window_siblings", CAPACITY,
+       "a window key counts loadable when its boundary's full-attention keys are reachable, "
+       "its sibling window keys unchecked: a boundary with a gap on a window group counts "
+       "whole, so its window chunks stay on an idle disk, stranded, and a unit leaves them",
+       "stranded",
+       one(") and all(k in self.file_of for k in s.windows_at[boundary])", ") and True")),
     _r("rule_head_without_windows", CAPACITY,
        "a prefix-closed head leaves out the window keys that make its boundaries whole (no hit "
        "can end at them)", "prefix-closed head",
