@@ -46,6 +46,7 @@ __all__ = [
     "FixtureKnob",
     "PlannedEngine",
     "cpu_row",
+    "disk_curve",
     "disk_sweep",
     "fixture_knob",
     "knob_traffic",
@@ -159,6 +160,19 @@ class DiskSweep:
     cpu_lru: tuple[TieredEconomics, ...] | None
 
 
+def disk_curve(
+    chunking: Chunking, scaled_workload: Workload, sizes: tuple[int, ...] | int,
+    rule: EvictionRule, policy: Policy, key_bytes: Mapping[int, int],
+    load_split: LoadSplit | None = None,
+) -> tuple[DiskEconomics, ...]:
+    """The packed layout's disk-only curve the CLI computes (``--disk-bytes``: one size;
+    :func:`disk_sweep`: its sizes): :func:`reference.disk_economics.miss_ratio_curve` with
+    ``scaled_workload``'s ``gpu_cache``.  A chunking the rule does not model raises
+    ``ValueError``."""
+    return miss_ratio_curve(chunking, scaled_workload, sizes, rule, key_bytes, Layout.PACKED,
+                            policy, load_split=load_split, gpu_cache=scaled_workload.gpu_cache)
+
+
 def disk_sweep(
     chunking: Chunking, scaled_workload: Workload, policy: Policy, key_bytes: Mapping[int, int],
     cpu_chunks: int | None = None, load_split: LoadSplit | None = None,
@@ -171,8 +185,7 @@ def disk_sweep(
     the workload as :func:`reference.disk_economics.scaled` makes it; its ``gpu_cache``
     is both series'.  A chunking the rule does not model raises ``ValueError``."""
     def curve(sizes: tuple[int, ...] | int, rule: EvictionRule) -> tuple[DiskEconomics, ...]:
-        return miss_ratio_curve(chunking, scaled_workload, sizes, rule, key_bytes, Layout.PACKED,
-                                policy, load_split=load_split, gpu_cache=scaled_workload.gpu_cache)
+        return disk_curve(chunking, scaled_workload, sizes, rule, policy, key_bytes, load_split)
 
     def tiered(sizes: tuple[int, ...], slots: int,
                rule: EvictionRule) -> tuple[TieredEconomics, ...]:

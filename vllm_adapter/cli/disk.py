@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from reference.disk_economics import DiskEconomics, miss_ratio_curve, scaled
+from reference.disk_economics import DiskEconomics, scaled
 from reference.eviction import EvictionRule, Layout
 from reference.knobs import Chunking
 from reference.packed_split import LoadSplit
@@ -33,7 +33,7 @@ from reference.workload import GpuCache, Workload, requests
 from vllm_adapter.cli.args import CliError
 from vllm_adapter.cli.economics import save_plot
 from vllm_adapter.cli.result import DiskCurvePoint, DiskRun, DiskTier, TieredDiskRun
-from vllm_adapter.planning import DISK_SWEEP_POINTS, disk_sweep
+from vllm_adapter.planning import DISK_SWEEP_POINTS, disk_curve, disk_sweep
 
 __all__ = ["DISK_SWEEP_POINTS", "disk_run", "disk_tier", "plot_disk_curve"]
 
@@ -114,8 +114,7 @@ def disk_tier(
 
     def curve(sizes: tuple[int, ...] | int, rule: EvictionRule) -> tuple[DiskEconomics, ...]:
         try:
-            return miss_ratio_curve(chunking, big, sizes, rule, key_bytes, Layout.PACKED, policy,
-                                    load_split=load_split, gpu_cache=big.gpu_cache)
+            return disk_curve(chunking, big, sizes, rule, policy, key_bytes, load_split)
         except ValueError as e:  # a Mamba-align group: the rule does not model it
             raise CliError(f"--disk-bytes / --sweep-disk: {e}") from None
 
