@@ -74,7 +74,7 @@ from reference.layout_economics import (
 from reference.mathutil import cdiv, round_down
 from reference.packed import store_job_files
 from reference.plan import BlockRef, Planner, Policy, ScheduledRequest
-from reference.plan_inputs import NULL_BLOCK, ChunkIndex
+from reference.plan_inputs import NULL_BLOCK, ChunkIndex, block_ref
 from reference.rules import (
     first_kept_block,
     full_attention_end,
@@ -418,7 +418,7 @@ class Engine:
             nulls = min(skip, cdiv(served, tpb), len(ids))
             ids[:nulls] = [0] * nulls
             row = [NULL_BLOCK] * nulls
-            row += [BlockRef(b, False, j < cached) for j, b in enumerate(ids[nulls:], nulls)]
+            row += [block_ref(b, j < cached) for j, b in enumerate(ids[nulls:], nulls)]
             tables[gc.group.index] = ids
             refs[gc.group.index] = row
         self._allocated(rid, tables)

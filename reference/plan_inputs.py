@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from functools import cache
 from typing import Protocol
 
 from reference.rules import LastTokenRule, WindowRule
@@ -74,6 +75,13 @@ class BlockRef:
 
 NULL_BLOCK = BlockRef(0, is_null=True)
 """A null block (a window's block the engine freed); frozen, so one reference serves all."""
+
+
+@cache
+def block_ref(block_id: int, has_block_hash: bool) -> BlockRef:
+    """The (frozen, so shared) :class:`BlockRef` of an allocated, non-null block: an engine
+    model builds one per block of every request, and a pool's block ids repeat."""
+    return BlockRef(block_id, False, has_block_hash)
 
 
 @dataclass(frozen=True)
