@@ -30,6 +30,8 @@ module                 concern                                                  
                        chunking the ledger judges prefixes with
 ``tier_budget``        one tier's view of its root's ledger (absolute paths, vLLM's     no
                        ``ReqContext``)
+``finished``           when a request's stores can strand nothing more: its store       no
+                       tasks done and vLLM finished it (its stranded keys then leave)
 ``ledger``             the root ledger's operations under the root's lock: reserve,     no
                        evict, complete, reclaim dead owners, start, compact
 ``ledger_model``       the model every engine on a root shares, kept equal to the       no
