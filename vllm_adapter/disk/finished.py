@@ -11,7 +11,7 @@ store tasks is done.  Between chunked-prefill steps of a live request they must 
 next step may store the boundary's full-attention chunk.
 
 :class:`FinishedRequests` tracks, per request, the store tasks not yet done and the keys
-its store jobs carried; :meth:`~FinishedRequests.task_done` and
+its store jobs carried (the tier gives it their window keys: only those can be left so); :meth:`~FinishedRequests.task_done` and
 :meth:`~FinishedRequests.finished` return those keys exactly once, at whichever of the two
 comes last.  The tier then drops the stranded ones off vLLM's scheduler thread
 (:meth:`vllm_adapter.disk.ledger.RootLedger.drop_finished`).  Thread-safe; no I/O.

@@ -540,8 +540,10 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         tasks = (self._packed_store_tasks(keys, offsets, positions) if self.layout == "packed"
                  else [self._store_task(keys, offsets, positions)])
         req_id = getattr(job_metadata.req_context, "req_id", None)
-        if req_id is not None:
-            self.requests.stored(req_id, (bytes(k) for k in keys), len(tasks))
+        if req_id is not None:  # its window keys: only those can be left stranded
+            full = self.budget.chunking.full_groups
+            self.requests.stored(req_id, (bytes(k) for k in keys
+                                          if P.group_of_key(bytes(k)) not in full), len(tasks))
             tasks = [self._counted(req_id, t) for t in tasks]
         self._job_block_counts[job_metadata.job_id] = len(keys)
         self._pool.enqueue_store(job_metadata.job_id, len(tasks), tasks)
@@ -555,7 +557,7 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
                 task()
             finally:
                 keys = self.requests.task_done(req_id)
-                if keys is not None:
+                if keys:
                     self._drop_finished(keys)
         return counted
 
@@ -565,13 +567,20 @@ class KvchunkFileTierManager(V.FileSystemTierManager):
         ``kvchunk-fs-finish`` thread (otherwise its last store task runs it)."""
         super().on_request_finished(req_context)
         keys = self.requests.finished(req_context.req_id)
-        if keys is not None:
-            self._finish_last = self._finisher.submit(self._drop_finished, keys)
+        if keys:
+            try:
+                self._finish_last = self._finisher.submit(self._drop_finished, keys)
+            except RuntimeError:  # shut down: the engine is stopping, its keys stay
+                logger.debug("kvchunk fs tier: request %s finished after shutdown",
+                             req_context.req_id)
 
     def _drop_finished(self, keys: Sequence[bytes]) -> None:
         """A finished request's keys no lookup can load leave the ledger, the disk and the
-        index (:meth:`vllm_adapter.disk.ledger.RootLedger.drop_finished`).  A failure is
-        logged: the keys stay, counted stranded, and a store never fails for it."""
+        index (:meth:`vllm_adapter.disk.ledger.RootLedger.drop_finished`); ``keys``: its
+        window keys (a request that stored none takes no lock).  A failure is logged: the
+        keys stay, counted stranded, and a store never fails for it."""
+        if not keys:
+            return
         try:
             gone = self.budget.drop_finished(keys)
         except Exception as exc:
